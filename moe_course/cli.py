@@ -1,0 +1,107 @@
+"""The ``moe-course`` command: train and evaluate the course's models from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from moe_course.configs import PRESETS
+
+
+def _preset_list() -> str:
+    lines = []
+    for family, presets in PRESETS.items():
+        for name, cfg in presets.items():
+            lines.append(
+                f"  {family:5s} {name:14s} {cfg.image_size}px/{cfg.patch_size}, width {cfg.width}, "
+                f"{cfg.depth} blocks, {cfg.heads} heads, MLP {cfg.mlp_dim}, {cfg.num_classes} classes"
+            )
+    return "presets:\n" + "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from moe_course.data import DATASETS
+
+    parser = argparse.ArgumentParser(prog="moe-course", description="Mixture-of-Experts for vision, built step by step.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser(
+        "train", help="train a model (resumes from --workdir's newest checkpoint if there is one)",
+        epilog=_preset_list(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("model", choices=sorted(PRESETS), help="model family")
+    train.add_argument("--preset", required=True, help="named architecture (listed below)")
+    _add_data_args(train, DATASETS)
+    train.add_argument("--workdir", default=None, help="run directory for checkpoints (default: runs/<preset>)")
+    train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's recipe)")
+    train.add_argument("--batch-size", type=int, default=None)
+    train.add_argument("--learning-rate", type=float, default=None)
+    train.add_argument("--warmup-steps", type=int, default=None)
+    train.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run")
+    evaluate.add_argument("--workdir", required=True)
+    _add_data_args(evaluate, DATASETS)
+    evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
+    return parser
+
+
+def _add_data_args(parser: argparse.ArgumentParser, datasets) -> None:
+    parser.add_argument("--dataset", default="digits", choices=datasets, help="default: the embedded digits")
+    parser.add_argument("--data-dir", default=None, help="archive or folder of a full-scale dataset")
+
+
+def _train(args) -> dict:
+    from moe_course.configs import get_preset
+    from moe_course.data import load_dataset
+    from moe_course.recipes import recipe_for
+    from moe_course.train import evaluate, train
+
+    model_config = get_preset(args.model, args.preset)
+    overrides = {
+        k: v
+        for k, v in dict(
+            steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
+            warmup_steps=args.warmup_steps, checkpoint_every=args.checkpoint_every, seed=args.seed,
+        ).items()
+        if v is not None
+    }
+    train_config = recipe_for(model_config).replace(**overrides)
+    dataset = load_dataset(args.dataset, args.data_dir, image_size=model_config.image_size, seed=args.seed)
+    model_config = model_config.replace(channels=dataset.image_shape[2], num_classes=dataset.num_classes)
+    workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+    result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress)
+    metrics = evaluate(result.model, dataset, "test", batch_size=train_config.eval_batch_size)
+    return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
+            "test_accuracy": round(metrics["accuracy"], 4), "test_loss": round(metrics["loss"], 4)}
+
+
+def _evaluate(args) -> dict:
+    from moe_course.data import load_dataset
+    from moe_course.train import evaluate
+    from moe_course.train.restore import load_run
+
+    run = load_run(args.workdir)
+    dataset = load_dataset(args.dataset, args.data_dir, image_size=run.model_config.image_size)
+    metrics = evaluate(run.model, dataset, args.split, batch_size=run.train_config.eval_batch_size)
+    return {"workdir": args.workdir, "step": run.step, "split": args.split,
+            f"{args.split}_accuracy": round(metrics["accuracy"], 4), f"{args.split}_loss": round(metrics["loss"], 4)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        summary = _train(args) if args.command == "train" else _evaluate(args)
+    except ValueError as err:  # includes DataError: bad config, preset, path or data, before any compilation
+        print(f"moe-course {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    for key, value in summary.items():
+        print(f"{key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,115 @@
+"""Named, typed Vision Transformer configurations: the papers' architectures and small CPU presets.
+
+Paper sizes follow V-MoE (Riquelme et al. 2021) Table 7: S (8 blocks, 8 heads, width 512, MLP 2048),
+B (12, 12, 768, 3072), L (24, 16, 1024, 4096), H (32, 16, 1280, 5120), with patch sizes 32/16/14, a
+class token, a pre-logits layer of the model's width and an 18,291-way JFT-300M head at 224x224 -- the
+setting Table 7's parameter counts refer to.
+DeiT-Ti/S (Touvron et al. 2021) are the backbones A-MoD (Gadhikar et al. 2024) adapts, with an
+ImageNet-1k head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+POOLS = ("cls", "gap")
+JFT_CLASSES = 18291
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """A dense ViT (Dosovitskiy et al. 2021) as used throughout the course.
+
+    image_size: input side in pixels (square images). patch_size: patch side in pixels; must divide
+    image_size. channels: input channels. width: token dimension D. depth: encoder blocks. heads: attention
+    heads; must divide width. mlp_dim: hidden size of each block's MLP. num_classes: classifier outputs.
+    pool: "cls" (class token) or "gap" (global average pooling of the final tokens). representation_size:
+    width of the pre-logits layer (Dense + tanh) used for JFT-300M pre-training, or None for no such layer.
+    dropout: dropout rate after attention/MLP (training only).
+    """
+
+    name: str = "custom"
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    width: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_dim: int = 3072
+    num_classes: int = 1000
+    pool: str = "cls"
+    representation_size: int | None = None
+    dropout: float = 0.0
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + (1 if self.pool == "cls" else 0)
+
+    def replace(self, **changes) -> "ViTConfig":
+        """A copy with ``changes`` applied, validated. Unknown fields raise ValueError."""
+        allowed = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(changes) - allowed)
+        if unknown:
+            raise ValueError(f"unknown ViTConfig field(s) {unknown}; allowed: {sorted(allowed)}")
+        return dataclasses.replace(self, **changes).validate()
+
+    def validate(self) -> "ViTConfig":
+        """Returns self, or raises ValueError naming the field, its value and what is allowed."""
+        for field in ("image_size", "patch_size", "channels", "width", "depth", "heads", "mlp_dim", "num_classes"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field}={value!r} is not allowed; use a positive integer")
+        if self.image_size % self.patch_size:
+            divisors = [d for d in range(1, self.image_size + 1) if self.image_size % d == 0]
+            raise ValueError(
+                f"patch_size={self.patch_size} does not divide image_size={self.image_size}; "
+                f"allowed patch sizes: {divisors}"
+            )
+        if self.width % self.heads:
+            raise ValueError(f"heads={self.heads} does not divide width={self.width}; use a divisor of width")
+        if self.representation_size is not None and (
+            not isinstance(self.representation_size, int) or self.representation_size < 1
+        ):
+            raise ValueError(
+                f"representation_size={self.representation_size!r} is not allowed; use a positive integer or None"
+            )
+        if self.pool not in POOLS:
+            raise ValueError(f"pool={self.pool!r} is not allowed; use one of {', '.join(POOLS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} is not allowed; use 0 <= dropout < 1")
+        return self
+
+
+def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int) -> ViTConfig:
+    return ViTConfig(
+        name=f"vit-{size}/{patch}", image_size=224, patch_size=patch, width=width, depth=depth,
+        heads=heads, mlp_dim=mlp, num_classes=JFT_CLASSES, representation_size=width,
+    )
+
+
+_SIZES = {"s": (8, 8, 512, 2048), "b": (12, 12, 768, 3072), "l": (24, 16, 1024, 4096), "h": (32, 16, 1280, 5120)}
+
+VIT_PRESETS: dict[str, ViTConfig] = {
+    cfg.name: cfg
+    for cfg in [
+        # V-MoE Table 7 (JFT-300M head).
+        *(_paper(s, p, *_SIZES[s]) for s, p in [("s", 32), ("b", 32), ("b", 16), ("l", 32), ("l", 16), ("h", 14)]),
+        # A-MoD backbones (ImageNet-1k head).
+        ViTConfig(name="deit-ti/16", width=192, depth=12, heads=3, mlp_dim=768, num_classes=1000),
+        ViTConfig(name="deit-s/16", width=384, depth=12, heads=6, mlp_dim=1536, num_classes=1000),
+        # CPU presets on the 32x32 cluttered digits.
+        ViTConfig(
+            name="digits-tiny", image_size=32, patch_size=4, channels=1, width=64, depth=4, heads=4,
+            mlp_dim=128, num_classes=10, pool="gap",
+        ),
+        ViTConfig(
+            name="digits-small", image_size=32, patch_size=4, channels=1, width=96, depth=6, heads=4,
+            mlp_dim=192, num_classes=10, pool="gap",
+        ),
+    ]
+}

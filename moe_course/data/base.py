@@ -1,0 +1,88 @@
+"""The one batch format every dataset in the course yields, and the epoch iterator over it.
+
+A batch is a dict of numpy arrays:
+  ``image``: (batch, height, width, channels) float32 in [0, 1];
+  ``label``: (batch,) int32 class index in [0, num_classes).
+
+Every dataset is random-access: ``dataset.get(split, indices, epoch=e)`` builds the examples with those
+indices. Training order and any per-epoch randomness (fresh canvases, for the digits) are functions of
+``(seed, epoch, index)`` only, so a run resumed at step ``s`` sees exactly the batches an uninterrupted run
+would have seen from step ``s`` on.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol, Sequence
+
+import numpy as np
+
+SPLITS = ("train", "val", "test")
+
+
+class DataError(ValueError):
+    """A dataset path, layout or file is missing or wrong. The message names the path and what was expected."""
+
+
+class ImageDataset(Protocol):
+    """What the training loop and the chapters need from a dataset."""
+
+    name: str
+    num_classes: int
+    class_names: Sequence[str]
+    image_shape: tuple[int, int, int]  # (height, width, channels)
+
+    def split_size(self, split: str) -> int: ...
+
+    def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]: ...
+
+
+def check_split(dataset: ImageDataset, split: str) -> None:
+    """Raises ValueError when ``split`` is not one the dataset has."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
+    if dataset.split_size(split) == 0:
+        raise ValueError(f"split={split!r} of dataset {dataset.name!r} is empty")
+
+
+def epoch_order(num_examples: int, *, seed: int, epoch: int) -> np.ndarray:
+    """The shuffled example order of one training epoch: (num_examples,) int64, a function of (seed, epoch)."""
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(num_examples)
+
+
+def steps_per_epoch(dataset: ImageDataset, batch_size: int) -> int:
+    """Full training batches in one epoch (the last partial batch is dropped during training)."""
+    steps = dataset.split_size("train") // batch_size
+    if steps == 0:
+        raise ValueError(
+            f"batch_size={batch_size} is larger than the {dataset.split_size('train')} training examples "
+            f"of {dataset.name!r}; use at most {dataset.split_size('train')}"
+        )
+    return steps
+
+
+def train_batches(
+    dataset: ImageDataset, batch_size: int, *, seed: int, start_step: int = 0
+) -> Iterator[dict[str, np.ndarray]]:
+    """Endless training batches from global step ``start_step`` on; batch ``s`` depends only on (seed, s)."""
+    check_split(dataset, "train")
+    per_epoch = steps_per_epoch(dataset, batch_size)
+    step = start_step
+    while True:
+        epoch, within = divmod(step, per_epoch)
+        order = epoch_order(dataset.split_size("train"), seed=seed, epoch=epoch)
+        for i in range(within, per_epoch):
+            yield dataset.get("train", order[i * batch_size : (i + 1) * batch_size], epoch=epoch)
+            step += 1
+
+
+def eval_batches(dataset: ImageDataset, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Every example of ``split`` once, in index order, in batches of ``batch_size`` (the last may be smaller)."""
+    check_split(dataset, split)
+    n = dataset.split_size(split)
+    for start in range(0, n, batch_size):
+        yield dataset.get(split, np.arange(start, min(start + batch_size, n)))
+
+
+def class_balance(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Examples per class: (num_classes,) int64."""
+    return np.bincount(np.asarray(labels), minlength=num_classes)

@@ -1,0 +1,179 @@
+"""Cluttered digits: the course's embedded real dataset, built offline from scikit-learn's handwritten digits.
+
+Each example takes one real 8x8 handwritten digit (UCI optical digits, shipped inside scikit-learn), upscales
+it to a random size, drops it at a random position on a larger canvas and scatters background clutter
+(random pen strokes and pixel noise) over the canvas. Most patches are background or clutter and a few carry
+the digit, so patches differ in importance -- what V-MoE's Batch Prioritized Routing and A-MoD exploit.
+
+Splits are built from disjoint source glyphs (a writer's glyph seen in training never appears in val/test),
+with the same number of glyphs per class. Training canvases are drawn afresh every epoch; val/test canvases
+are fixed by the seed. Everything is a function of the seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+from PIL import Image
+
+from moe_course.data.base import SPLITS, check_split
+
+CLASS_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+
+
+@dataclass(frozen=True)
+class DigitsConfig:
+    """How cluttered-digit canvases are drawn.
+
+    image_size: canvas side in pixels. digit_size: (min, max) side of the pasted digit in pixels.
+    strokes: (min, max) clutter strokes per canvas. stroke_length: (min, max) stroke length in pixels.
+    noise: std of the additive pixel noise. glyphs_per_class: (train, val, test) source glyphs per class.
+    eval_copies: canvases drawn per val/test glyph. seed: every random draw derives from it.
+    """
+
+    image_size: int = 32
+    digit_size: tuple[int, int] = (14, 22)
+    strokes: tuple[int, int] = (4, 8)
+    stroke_length: tuple[int, int] = (5, 14)
+    noise: float = 0.08
+    glyphs_per_class: tuple[int, int, int] = (104, 35, 35)
+    eval_copies: int = 3
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.image_size < 12:
+            raise ValueError(f"image_size={self.image_size} is too small; use at least 12 pixels")
+        lo, hi = self.digit_size
+        if not 8 <= lo <= hi <= self.image_size:
+            raise ValueError(
+                f"digit_size={self.digit_size} is not allowed; use 8 <= min <= max <= image_size={self.image_size}"
+            )
+        if not 0 <= self.strokes[0] <= self.strokes[1]:
+            raise ValueError(f"strokes={self.strokes} is not allowed; use 0 <= min <= max")
+        if not 1 <= self.stroke_length[0] <= self.stroke_length[1]:
+            raise ValueError(f"stroke_length={self.stroke_length} is not allowed; use 1 <= min <= max")
+        if self.noise < 0:
+            raise ValueError(f"noise={self.noise} is not allowed; use a std >= 0")
+        if min(self.glyphs_per_class) < 1 or sum(self.glyphs_per_class) > 174:
+            raise ValueError(
+                f"glyphs_per_class={self.glyphs_per_class} is not allowed; each >= 1 and at most 174 in total "
+                "(the rarest digit class has 174 glyphs)"
+            )
+        if self.eval_copies < 1:
+            raise ValueError(f"eval_copies={self.eval_copies} is not allowed; use >= 1")
+
+
+def _load_glyphs() -> tuple[np.ndarray, np.ndarray]:
+    """The 1797 real 8x8 digits bundled with scikit-learn, as float32 in [0, 1], and their int labels."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return (digits.images / 16.0).astype(np.float32), digits.target.astype(np.int32)
+
+
+def _split_glyphs(labels: np.ndarray, glyphs_per_class: tuple[int, int, int], seed: int) -> dict[str, np.ndarray]:
+    """Disjoint, class-balanced glyph indices per split, each sorted by class then draw order."""
+    rng = np.random.default_rng([seed, 0xD161])
+    parts: dict[str, list[np.ndarray]] = {s: [] for s in SPLITS}
+    for c in range(10):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        start = 0
+        for split, count in zip(SPLITS, glyphs_per_class):
+            parts[split].append(members[start : start + count])
+            start += count
+    return {s: np.concatenate(p) for s, p in parts.items()}
+
+
+def _draw_stroke(canvas: np.ndarray, rng: np.random.Generator, length_range: tuple[int, int]) -> None:
+    size = canvas.shape[0]
+    length = rng.integers(length_range[0], length_range[1] + 1)
+    y0, x0 = rng.uniform(0, size, 2)
+    angle = rng.uniform(0, np.pi)
+    bend = rng.uniform(-0.15, 0.15)  # a slight curve, like a pen stroke
+    t = np.linspace(0.0, 1.0, 3 * length)
+    ys = np.clip(np.round(y0 + length * t * np.sin(angle + bend * t * length / 4)), 0, size - 1).astype(int)
+    xs = np.clip(np.round(x0 + length * t * np.cos(angle + bend * t * length / 4)), 0, size - 1).astype(int)
+    canvas[ys, xs] = np.maximum(canvas[ys, xs], rng.uniform(0.4, 1.0))
+
+
+class ClutteredDigits:
+    """The embedded dataset (see module docstring). Batches: image (n, S, S, 1) float32 in [0, 1], label (n,) int32.
+
+    Extra per-example metadata in every batch: ``box`` (n, 4) int32 = (top, left, height, width) of the digit,
+    for drawing and for checking which patches hold the object.
+    """
+
+    name = "digits"
+    class_names = CLASS_NAMES
+    num_classes = 10
+
+    def __init__(self, config: DigitsConfig | None = None, **overrides):
+        config = config or DigitsConfig()
+        if overrides:
+            config = DigitsConfig(**{**config.__dict__, **overrides})
+        config.validate()
+        self.config = config
+        glyphs, labels = _load_glyphs()
+        self._glyphs = glyphs
+        self._labels = labels
+        self._split_glyph_ids = _split_glyphs(labels, config.glyphs_per_class, config.seed)
+        self.image_shape = (config.image_size, config.image_size, 1)
+
+    @cached_property
+    def _scaled(self) -> dict[int, np.ndarray]:
+        """Every glyph upscaled (bilinear) to every allowed size: {size: (1797, size, size)}."""
+        lo, hi = self.config.digit_size
+        out = {}
+        for size in range(lo, hi + 1):
+            out[size] = np.stack(
+                [np.asarray(Image.fromarray(g).resize((size, size), Image.BILINEAR)) for g in self._glyphs]
+            ).clip(0.0, 1.0)
+        return out
+
+    def split_size(self, split: str) -> int:
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
+        copies = 1 if split == "train" else self.config.eval_copies
+        return len(self._split_glyph_ids[split]) * copies
+
+    def glyph_ids(self, split: str) -> np.ndarray:
+        """Indices into scikit-learn's digits of the source glyphs of ``split`` (disjoint across splits)."""
+        check_split(self, split)
+        return self._split_glyph_ids[split]
+
+    def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
+        """Render examples ``indices`` of ``split``. Training canvases change with ``epoch``; val/test do not."""
+        check_split(self, split)
+        indices = np.asarray(indices, dtype=np.int64)
+        n_glyphs = len(self._split_glyph_ids[split])
+        if indices.size and (indices.min() < 0 or indices.max() >= self.split_size(split)):
+            raise ValueError(f"indices must lie in [0, {self.split_size(split)}) for split={split!r}")
+        cfg = self.config
+        size = cfg.image_size
+        images = np.zeros((len(indices), size, size, 1), np.float32)
+        labels = np.zeros((len(indices),), np.int32)
+        boxes = np.zeros((len(indices), 4), np.int32)
+        draw_epoch = epoch if split == "train" else 0
+        for row, index in enumerate(indices):
+            glyph = self._split_glyph_ids[split][index % n_glyphs]
+            rng = np.random.default_rng([cfg.seed, _SPLIT_IDS[split], draw_epoch, int(index)])
+            canvas = np.zeros((size, size), np.float32)
+            for _ in range(rng.integers(cfg.strokes[0], cfg.strokes[1] + 1)):
+                _draw_stroke(canvas, rng, cfg.stroke_length)
+            side = int(rng.integers(cfg.digit_size[0], cfg.digit_size[1] + 1))
+            top, left = rng.integers(0, size - side + 1, 2)
+            window = canvas[top : top + side, left : left + side]
+            np.maximum(window, self._scaled[side][glyph], out=window)
+            canvas += rng.normal(0.0, cfg.noise, canvas.shape).astype(np.float32)
+            images[row, :, :, 0] = np.clip(canvas, 0.0, 1.0)
+            labels[row] = self._labels[glyph]
+            boxes[row] = (top, left, side, side)
+        return {"image": images, "label": labels, "box": boxes}
+
+    def arrays(self, split: str, *, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The whole split as (images (n, S, S, 1), labels (n,)): small enough to hold in memory."""
+        batch = self.get(split, np.arange(self.split_size(split)), epoch=epoch)
+        return batch["image"], batch["label"]

@@ -1,0 +1,157 @@
+"""ImageNet-style class-folder trees, in the course's batch format.
+
+Layout (``root`` is what ``--data-dir`` points at)::
+
+    root/train/<class>/<image files>     required
+    root/val/<class>/<image files>       required
+    root/test/<class>/<image files>      optional (without it the test split is empty)
+
+Class names are the sorted folder names under ``train/``; label = index in that list. ``val/`` and ``test/``
+may lack some classes but must not add any. Image files are those directly inside a class folder whose
+suffix (any case) is in ``IMAGE_SUFFIXES``; other files and hidden entries are ignored. Files are listed
+sorted, so example ``i`` of a split is the same file on every run. The layout is checked in the constructor;
+the pixels are read in ``get``, so a corrupt image fails there, naming the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from moe_course.data.base import SPLITS, DataError
+from moe_course.data.cifar import check_indices
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
+
+# What PIL raises on a missing, unreadable, truncated or oversized image file.
+_IMAGE_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    """The visible entries of ``folder``, sorted by name."""
+    try:
+        with os.scandir(folder) as it:
+            return sorted((e for e in it if not e.name.startswith(".")), key=lambda e: e.name)
+    except OSError as exc:
+        raise DataError(f"{folder}: cannot be listed ({type(exc).__name__}: {exc}); expected a folder") from exc
+
+
+def _is_image(entry: os.DirEntry) -> bool:
+    return entry.is_file() and entry.name.lower().endswith(IMAGE_SUFFIXES)
+
+
+def _class_folders(split_dir: Path) -> list[os.DirEntry]:
+    """The class folders of ``split_dir``; DataError when there are none."""
+    entries = _entries(split_dir)
+    folders = [e for e in entries if e.is_dir()]
+    if not folders:
+        loose = sum(_is_image(e) for e in entries)
+        hint = f" (found {loose} loose images: sort them into class folders first)" if loose else ""
+        raise DataError(f"{split_dir}: has no class folders{hint}; expected {split_dir}/<class>/<image files>")
+    return folders
+
+
+def _scan_split(split_dir: Path, class_index: dict[str, int]) -> tuple[list[str], np.ndarray]:
+    """(sorted image paths, (n,) int32 labels) of one split; DataError on an unknown or empty class folder."""
+    paths: list[str] = []
+    labels: list[int] = []
+    for folder in _class_folders(split_dir):
+        if folder.name not in class_index:
+            raise DataError(
+                f"{folder.path}: class {folder.name!r} is not in train/; expected only the "
+                f"{len(class_index)} class folders of {split_dir.parent / 'train'}"
+            )
+        images = [e.path for e in _entries(Path(folder.path)) if _is_image(e)]
+        if not images:
+            raise DataError(f"{folder.path}: has no image files; expected files ending in {', '.join(IMAGE_SUFFIXES)}")
+        paths += images
+        labels += [class_index[folder.name]] * len(images)
+    return paths, np.asarray(labels, np.int32)
+
+
+def load_image(path: str, image_size: int) -> np.ndarray:
+    """The image file at ``path`` as RGB, shorter side resized (bilinear) to ``image_size`` then center-cropped.
+
+    Returns (image_size, image_size, 3) float32 in [0, 1]. Raises DataError naming the file when it cannot
+    be read as an image.
+    """
+    try:
+        with Image.open(path) as image:
+            image.draft("RGB", (image_size, image_size))  # JPEG: decode at a reduced scale >= the target
+            image = image.convert("RGB")
+            width, height = image.size
+            scale = image_size / min(width, height)
+            new_w, new_h = max(image_size, round(width * scale)), max(image_size, round(height * scale))
+            image = image.resize((new_w, new_h), Image.BILINEAR)
+            left, top = (new_w - image_size) // 2, (new_h - image_size) // 2
+            image = image.crop((left, top, left + image_size, top + image_size))
+            return np.asarray(image, dtype=np.float32) / 255.0
+    except _IMAGE_ERRORS as exc:
+        raise DataError(
+            f"{path}: not a readable image ({type(exc).__name__}: {' '.join(str(exc).split())}); "
+            f"expected an image file PIL can open"
+        ) from exc
+
+
+class ImageFolder:
+    """A class-folder tree (see module docstring).
+
+    Batches: ``image`` (n, S, S, 3) float32 in [0, 1] with S = ``image_size`` (shorter side resized to S,
+    then center crop), ``label`` (n,) int32 in [0, num_classes).
+
+    Raises:
+      DataError: in the constructor for a missing ``root``, ``train/`` or ``val/``, a split without class
+        folders, a class folder without images, or a val/test class that train lacks; in ``get`` for an
+        image file that cannot be read. The one-line message names the path and what was expected.
+      ValueError: a bad ``image_size``.
+    """
+
+    def __init__(self, root: str | os.PathLike, *, image_size: int = 224, name: str = "imagefolder"):
+        if image_size < 1:
+            raise ValueError(f"image_size={image_size} is not allowed; use a side of at least 1 pixel")
+        root = Path(root)
+        expected = f"expected {root}/train/<class>/<image files> and {root}/val/<class>/<image files>"
+        if not root.is_dir():
+            raise DataError(f"{root}: {'is not a folder' if root.exists() else 'does not exist'}; {expected}")
+        for required in ("train", "val"):
+            if not (root / required).is_dir():
+                problem = "is not a folder" if (root / required).exists() else "does not exist"
+                raise DataError(f"{root / required}: {problem}; {expected}")
+        self.root = root
+        self.name = name
+        self.image_shape = (image_size, image_size, 3)
+        self.class_names = tuple(e.name for e in _class_folders(root / "train"))
+        self.num_classes = len(self.class_names)
+        class_index = {c: i for i, c in enumerate(self.class_names)}
+        self._files: dict[str, list[str]] = {}
+        self._labels: dict[str, np.ndarray] = {}
+        for split in SPLITS:
+            if split == "test" and not (root / "test").is_dir():
+                self._files[split], self._labels[split] = [], np.zeros((0,), np.int32)
+            else:
+                self._files[split], self._labels[split] = _scan_split(root / split, class_index)
+
+    def split_size(self, split: str) -> int:
+        if split not in SPLITS:
+            raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
+        return len(self._files[split])
+
+    def files(self, split: str) -> list[str]:
+        """The image paths of ``split``, in example order."""
+        return list(self._files[split])
+
+    def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
+        """Examples ``indices`` of ``split``: image (n, S, S, 3) float32 in [0, 1], label (n,) int32.
+
+        ``epoch`` is unused (no augmentation). DataError naming the file for an unreadable image;
+        ValueError for an unknown/empty split or an out-of-range index.
+        """
+        indices = check_indices(self, split, indices)
+        size = self.image_shape[0]
+        images = np.empty((len(indices), size, size, 3), np.float32)
+        for row, index in enumerate(indices):
+            images[row] = load_image(self._files[split][index], size)
+        return {"image": images, "label": self._labels[split][indices]}

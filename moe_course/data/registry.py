@@ -1,0 +1,41 @@
+"""One entry point from a dataset name (and ``--data-dir``) to a dataset object."""
+
+from __future__ import annotations
+
+import os
+
+from moe_course.data.base import DataError, ImageDataset
+from moe_course.data.cifar import Cifar
+from moe_course.data.digits import ClutteredDigits, DigitsConfig
+from moe_course.data.folders import ImageFolder
+
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
+
+
+def load_dataset(
+    name: str, path: str | os.PathLike | None = None, *, image_size: int | None = None, seed: int = 0
+) -> ImageDataset:
+    """The dataset ``name`` (one of ``DATASETS``).
+
+    digits: the embedded cluttered digits (``path`` must be None; ``seed`` fixes the canvases).
+    cifar10 / cifar100: ``path`` = the python archive or its extracted folder (see ``Cifar``); val = the last
+    5000 training images. imagefolder: ``path`` = a ``train/`` + ``val/`` class-folder tree (see ``ImageFolder``).
+    ``image_size`` (None: the dataset's own default -- 32, 32, 32, 224) sets the returned image side; ``seed``
+    only matters for digits (the others have no randomness).
+
+    Raises:
+      ValueError: an unknown ``name``.
+      DataError: a missing ``path`` where one is needed, a ``path`` for digits, or a bad path/layout/file.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
+    if name == "digits":
+        if path is not None:
+            raise DataError(f"{path}: dataset 'digits' is embedded and takes no path; drop --data-dir")
+        sizes = {} if image_size is None else {"image_size": image_size}
+        return ClutteredDigits(DigitsConfig(seed=seed, **sizes))
+    if path is None:
+        raise DataError(f"dataset {name!r} needs its files: pass --data-dir (the path to them)")
+    if name in ("cifar10", "cifar100"):
+        return Cifar(path, variant=name, image_size=image_size or 32)
+    return ImageFolder(path, image_size=image_size or 224)

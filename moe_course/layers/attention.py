@@ -1,0 +1,38 @@
+"""Multi-head self-attention that can hand back its attention maps (A-MoD routes on them)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+def attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
+    """softmax(q k^T / sqrt(d)) per head. q, k: (batch, tokens, heads, head_dim) -> (batch, heads, q_tokens, k_tokens)."""
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+    return jax.nn.softmax(scores, axis=-1)
+
+
+class MultiHeadAttention(nnx.Module):
+    """Multi-head self-attention (Vaswani et al. 2017, Sec. 3.2), query/key/value/out projections with bias.
+
+    Call: x (batch, tokens, width) -> (batch, tokens, width); with ``return_attention=True`` also the
+    attention maps (batch, heads, tokens, tokens), rows = queries, softmax over keys (each row sums to 1).
+    """
+
+    def __init__(self, width: int, heads: int, *, rngs: nnx.Rngs):
+        if width % heads:
+            raise ValueError(f"heads={heads} does not divide width={width}")
+        self.heads = heads
+        self.query = nnx.Linear(width, width, rngs=rngs)
+        self.key = nnx.Linear(width, width, rngs=rngs)
+        self.value = nnx.Linear(width, width, rngs=rngs)
+        self.out = nnx.Linear(width, width, rngs=rngs)
+
+    def __call__(self, x: jax.Array, *, return_attention: bool = False):
+        b, t, w = x.shape
+        split = lambda y: y.reshape(b, t, self.heads, w // self.heads)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        weights = attention_weights(q, k)
+        y = self.out(jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, w))
+        return (y, weights) if return_attention else y

@@ -1,0 +1,33 @@
+"""Pre-LayerNorm transformer encoder block: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from moe_course.layers.attention import MultiHeadAttention
+from moe_course.layers.mlp import MLP
+
+LAYER_NORM_EPS = 1e-6
+
+
+class EncoderBlock(nnx.Module):
+    """One ViT encoder block (Dosovitskiy et al. 2021, Eq. 2-3). x: (batch, tokens, width) -> same shape.
+
+    ``mlp`` is any module mapping (batch, tokens, width) to the same shape; later chapters swap in MoE layers.
+    Returns (y, attention maps or None).
+    """
+
+    def __init__(self, width: int, heads: int, mlp_dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs):
+        self.norm1 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
+        self.attn = MultiHeadAttention(width, heads, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
+        self.mlp = MLP(width, mlp_dim, rngs=rngs)
+        self.drop = nnx.Dropout(dropout)
+
+    def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
+                 return_attention: bool = False):
+        h, weights = self.attn(self.norm1(x), return_attention=True)
+        x = x + self.drop(h, deterministic=deterministic, rngs=rngs)
+        x = x + self.drop(self.mlp(self.norm2(x)), deterministic=deterministic, rngs=rngs)
+        return x, (weights if return_attention else None)

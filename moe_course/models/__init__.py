@@ -1,0 +1,22 @@
+"""Models built from named configs; every model returns a ModelOutput."""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from moe_course.configs.vit import ViTConfig
+from moe_course.models.output import ModelOutput
+from moe_course.models.vit import ViT, count_params, patchify, vit_param_count
+
+_MODEL_FOR_CONFIG = {ViTConfig: ViT}
+
+
+def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
+    """The model a config describes (ViTConfig -> ViT, ...). Raises ValueError for an unknown config type."""
+    cls = _MODEL_FOR_CONFIG.get(type(config))
+    if cls is None:
+        raise ValueError(f"no model for config type {type(config).__name__}; known: {[c.__name__ for c in _MODEL_FOR_CONFIG]}")
+    return cls(config, rngs=rngs)
+
+
+__all__ = ["ModelOutput", "ViT", "build_model", "count_params", "patchify", "vit_param_count"]

@@ -1,0 +1,102 @@
+"""The dense Vision Transformer (Dosovitskiy et al. 2021; SPEC Sec. 1), built from a ViTConfig."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moe_course.configs.vit import ViTConfig
+from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
+from moe_course.models.output import ModelOutput
+
+
+def patchify(images: jax.Array, patch_size: int) -> jax.Array:
+    """Cut images into non-overlapping patches, row-major over the patch grid.
+
+    images: (batch, height, width, channels) -> (batch, (height/p)*(width/p), p*p*channels).
+    """
+    b, h, w, c = images.shape
+    p = patch_size
+    x = images.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+class PatchEmbed(nnx.Module):
+    """A strided convolution (kernel = stride = patch size): each patch becomes one width-D token.
+
+    images (batch, H, W, C) -> tokens (batch, (H/p)*(W/p), width), row-major over the patch grid.
+    """
+
+    def __init__(self, patch_size: int, channels: int, width: int, *, rngs: nnx.Rngs):
+        p = patch_size
+        self.proj = nnx.Conv(channels, width, kernel_size=(p, p), strides=(p, p), padding="VALID", rngs=rngs)
+
+    def __call__(self, images: jax.Array) -> jax.Array:
+        x = self.proj(images)
+        return x.reshape(x.shape[0], -1, x.shape[-1])
+
+
+class ViT(nnx.Module):
+    """Patch embedding + learned position embeddings (+ class token) -> pre-LN encoder -> LayerNorm -> head.
+
+    Call: images (batch, image_size, image_size, channels) float32 -> ModelOutput with logits
+    (batch, num_classes); ``return_attention=True`` also fills ``attention`` with one
+    (batch, heads, tokens, tokens) map per block (class token first when pool="cls").
+    Raises ValueError (from ViTConfig.validate) for an invalid config, before any parameter is made.
+    """
+
+    def __init__(self, config: ViTConfig, *, rngs: nnx.Rngs):
+        config.validate()
+        self.config = config
+        d = config.width
+        self.patch_embed = PatchEmbed(config.patch_size, config.channels, d, rngs=rngs)
+        init = nnx.initializers.normal(stddev=0.02)
+        self.pos_embed = nnx.Param(init(rngs.params(), (1, config.num_tokens, d)))
+        self.cls_token = nnx.Param(jnp.zeros((1, 1, d))) if config.pool == "cls" else None
+        self.blocks = nnx.List(
+            [EncoderBlock(d, config.heads, config.mlp_dim, dropout=config.dropout, rngs=rngs) for _ in range(config.depth)]
+        )
+        self.norm = nnx.LayerNorm(d, epsilon=LAYER_NORM_EPS, rngs=rngs)
+        rep = config.representation_size
+        self.pre_logits = nnx.Linear(d, rep, rngs=rngs) if rep else None
+        self.head = nnx.Linear(rep or d, config.num_classes, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+    def embed(self, images: jax.Array) -> jax.Array:
+        """images -> tokens (batch, num_tokens, width) with position embeddings (and class token) added."""
+        expected = (self.config.image_size, self.config.image_size, self.config.channels)
+        if tuple(images.shape[1:]) != expected:
+            raise ValueError(f"images have shape {tuple(images.shape[1:])} per example; this model expects {expected}")
+        x = self.patch_embed(images)
+        if self.cls_token is not None:
+            x = jnp.concatenate([jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[-1])), x], axis=1)
+        return x + self.pos_embed[...]
+
+    def pool(self, x: jax.Array) -> jax.Array:
+        """Final normalised tokens (batch, tokens, width) -> image representation (batch, width or
+        representation_size)."""
+        x = x[:, 0] if self.config.pool == "cls" else x.mean(axis=1)
+        return jnp.tanh(self.pre_logits(x)) if self.pre_logits is not None else x
+
+    def __call__(self, images: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
+                 return_attention: bool = False) -> ModelOutput:
+        x = self.embed(images)
+        maps = []
+        for block in self.blocks:
+            x, weights = block(x, deterministic=deterministic, rngs=rngs, return_attention=return_attention)
+            maps.append(weights)
+        logits = self.head(self.pool(self.norm(x)))
+        return ModelOutput(logits=logits, attention=tuple(maps) if return_attention else ())
+
+
+def count_params(build) -> int:
+    """Parameters of the module ``build()`` would make, counted from shapes only (no memory allocated)."""
+    abstract = nnx.eval_shape(build)
+    return sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def vit_param_count(config: ViTConfig) -> int:
+    """Parameter count of ``ViT(config)`` without allocating it."""
+    return count_params(lambda: ViT(config.validate(), rngs=nnx.Rngs(0)))

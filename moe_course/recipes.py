@@ -1,0 +1,41 @@
+"""Default training recipe for each preset: what ``moe-course train`` runs when no flag overrides it.
+
+CPU presets carry recipes measured on the embedded digits (see README). Paper presets carry the V-MoE
+upstream hyper-parameters (Riquelme et al. 2021, App. B.2, Table 5: Adam, linear decay, weight decay 0.1,
+batch 4096, 10k warm-up steps) with the JFT-300M epochs of Table 7 expressed as steps; on another dataset
+pass --steps.
+"""
+
+from __future__ import annotations
+
+from moe_course.train.config import TrainConfig
+
+_JFT_IMAGES = 300_000_000
+_PAPER_LR_EPOCHS = {"s": (1e-3, 5), "b": (8e-4, 7), "l": (6e-4, 7), "h": (3e-4, 14)}
+
+_CPU_RECIPES = {
+    "digits-tiny": TrainConfig(steps=1500, batch_size=128, learning_rate=1e-3, warmup_steps=75,
+                               checkpoint_every=250, log_every=50, eval_every=500),
+    "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,
+                                checkpoint_every=500, log_every=50, eval_every=500),
+}
+
+
+def recipe_for(model_config) -> TrainConfig:
+    """The TrainConfig a preset trains with by default (a plain TrainConfig for unnamed configs)."""
+    name = model_config.name
+    if name in _CPU_RECIPES:
+        return _CPU_RECIPES[name]
+    if name.startswith("vit-"):
+        size, patch = name[len("vit-"):].split("/")
+        lr, epochs = _PAPER_LR_EPOCHS[size]
+        if size == "l" and patch == "16":
+            lr = 4e-4
+        return TrainConfig(steps=epochs * _JFT_IMAGES // 4096, batch_size=4096, learning_rate=lr,
+                           warmup_steps=10_000, decay="linear", end_lr_ratio=0.0, weight_decay=0.1,
+                           checkpoint_every=5000, log_every=500, eval_every=10_000)
+    if name.startswith("deit-"):  # DeiT (Touvron et al. 2021): AdamW, lr 5e-4 * batch/512, wd 0.05, cosine
+        return TrainConfig(steps=300 * 1_281_167 // 1024, batch_size=1024, learning_rate=1e-3,
+                           warmup_steps=5 * 1_281_167 // 1024, weight_decay=0.05, end_lr_ratio=0.0,
+                           checkpoint_every=5000, log_every=500, eval_every=10_000)
+    return TrainConfig()

@@ -1,0 +1,7 @@
+"""One training and evaluation loop for every model of the course."""
+
+from moe_course.train.config import TrainConfig
+from moe_course.train.evaluate import evaluate
+from moe_course.train.loop import TrainResult, train
+
+__all__ = ["TrainConfig", "TrainResult", "evaluate", "train"]

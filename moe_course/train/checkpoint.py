@@ -1,0 +1,82 @@
+"""Atomic checkpoints of a training run with orbax: parameters, optimizer state and metric history.
+
+Layout: ``workdir/run.json`` (the model and train configs, written once, atomically) and
+``workdir/checkpoints/<step>/`` (orbax; a step directory appears only when complete, so a run killed while
+saving leaves the previous checkpoint intact).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RunCheckpoints:
+    """Save and restore the training state of one run directory."""
+
+    def __init__(self, workdir: str | os.PathLike, *, keep: int = 2):
+        self.workdir = Path(workdir).absolute()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._manager = ocp.CheckpointManager(
+            self.workdir / "checkpoints", options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        )
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def save(self, step: int, state: dict[str, Any], history: list[dict]) -> None:
+        """Write the checkpoint of ``step`` (state: a pytree of arrays) and block until it is on disk."""
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(state=ocp.args.StandardSave(state), history=ocp.args.JsonSave(history)),
+            force=True,
+        )
+        self._manager.wait_until_finished()
+
+    def restore(self, step: int, like: dict[str, Any]) -> tuple[dict[str, Any], list[dict]]:
+        """The state saved at ``step``, with the structure, shapes and dtypes of ``like``, and its history."""
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
+        restored = self._manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore())
+        )
+        return restored.state, list(restored.history)
+
+    def check_run_config(self, configs: dict[str, Any]) -> None:
+        """``configs``: {section: dataclass or flat dict}. Record the run's configs on first use; later, refuse to resume into a different model or data.
+
+        Raises ValueError naming each field whose value differs from the one the checkpoints were made with
+        (``train.steps`` may change: it extends or shortens the schedule).
+        """
+        record = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
+        record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
+        path = self.workdir / "run.json"
+        if not path.exists():
+            _atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
+            return
+        saved = json.loads(path.read_text())
+        diffs = [
+            f"{section}.{field}: saved {saved.get(section, {}).get(field)!r}, now {value!r}"
+            for section, fields in record.items()
+            for field, value in fields.items()
+            if (section, field) != ("train", "steps") and saved.get(section, {}).get(field) != value
+        ]
+        if diffs:
+            raise ValueError(
+                f"workdir {self.workdir} holds a different run ({'; '.join(diffs)}); "
+                "use a new workdir or the same settings to resume"
+            )
+
+    def close(self) -> None:
+        self._manager.close()

@@ -1,0 +1,33 @@
+"""Accuracy and loss of a model on a whole dataset split."""
+
+from __future__ import annotations
+
+import numpy as np
+from flax import nnx
+
+from moe_course.data.base import ImageDataset, eval_batches
+from moe_course.train.steps import make_eval_step
+
+
+def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
+    """Pad image/label to ``size`` rows and add ``mask`` (1 = real row), so every eval batch compiles once."""
+    n = len(batch["label"])
+    pad = size - n
+    out = {k: np.concatenate([batch[k], np.zeros((pad, *batch[k].shape[1:]), batch[k].dtype)]) for k in ("image", "label")}
+    out["mask"] = np.concatenate([np.ones(n, np.float32), np.zeros(pad, np.float32)])
+    return out
+
+
+def evaluate(model: nnx.Module, dataset: ImageDataset, split: str = "test", *, batch_size: int = 500,
+             eval_step=None) -> dict[str, float]:
+    """{"accuracy": fraction correct, "loss": mean cross-entropy (nats), "examples": count} on ``split``."""
+    if eval_step is None:
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        eval_step = make_eval_step(graphdef)
+    else:
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+    loss_sum = correct = count = 0.0
+    for batch in eval_batches(dataset, split, batch_size):
+        loss, right, n = eval_step(params, rest, pad_batch(batch, batch_size))
+        loss_sum, correct, count = loss_sum + float(loss), correct + float(right), count + float(n)
+    return {"accuracy": correct / count, "loss": loss_sum / count, "examples": int(count)}

@@ -1,0 +1,52 @@
+"""Load a trained model back from a run directory written by ``train``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from flax import nnx
+
+from moe_course.configs import config_from_dict
+from moe_course.data.base import DataError
+from moe_course.models import build_model
+from moe_course.train.checkpoint import RunCheckpoints
+from moe_course.train.config import TrainConfig
+from moe_course.train.optim import make_optimizer
+
+
+@dataclass
+class TrainedRun:
+    """model: parameters of the newest checkpoint. step: its step. history: metrics up to it."""
+
+    model: nnx.Module
+    model_config: object
+    train_config: TrainConfig
+    data: dict
+    step: int
+    history: list[dict]
+
+
+def load_run(workdir: str | Path) -> TrainedRun:
+    """The newest checkpoint of the run in ``workdir``. Raises DataError when there is none."""
+    workdir = Path(workdir)
+    record_path = workdir / "run.json"
+    if not record_path.is_file():
+        raise DataError(f"{record_path}: not found; expected a run directory written by `moe-course train`")
+    record = json.loads(record_path.read_text())
+    model_config = config_from_dict(record["model"])
+    train_config = TrainConfig(**record["train"]).validate()
+    model = build_model(model_config, rngs=nnx.Rngs(0))
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    checkpoints = RunCheckpoints(workdir, keep=train_config.keep_checkpoints)
+    try:
+        step = checkpoints.latest_step()
+        if step is None:
+            raise DataError(f"{workdir / 'checkpoints'}: no checkpoint; expected at least one saved step")
+        opt_state = make_optimizer(train_config).init(params)
+        state, history = checkpoints.restore(step, {"params": params, "opt_state": opt_state})
+    finally:
+        checkpoints.close()
+    return TrainedRun(nnx.merge(graphdef, state["params"], rest), model_config, train_config, record["data"],
+                      step, history)

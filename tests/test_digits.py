@@ -1,0 +1,90 @@
+import numpy as np
+import pytest
+
+from moe_course.data import ClutteredDigits, DigitsConfig, eval_batches, train_batches
+from moe_course.data.base import class_balance
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return ClutteredDigits()
+
+
+def test_batch_format(digits):
+    batch = digits.get("train", np.arange(5))
+    assert batch["image"].shape == (5, 32, 32, 1) and batch["image"].dtype == np.float32
+    assert batch["label"].dtype == np.int32
+    assert 0.0 <= batch["image"].min() and batch["image"].max() <= 1.0
+
+
+def test_splits_use_disjoint_glyphs_and_balanced_classes(digits):
+    ids = {s: set(digits.glyph_ids(s).tolist()) for s in ("train", "val", "test")}
+    assert not ids["train"] & ids["val"] and not ids["train"] & ids["test"] and not ids["val"] & ids["test"]
+    for split in ("train", "val", "test"):
+        labels = digits.get(split, np.arange(digits.split_size(split)))["label"]
+        counts = class_balance(labels, 10)
+        assert counts.min() == counts.max() > 0
+
+
+def test_deterministic_and_fresh_each_epoch(digits):
+    a = digits.get("train", np.arange(8), epoch=3)["image"]
+    b = ClutteredDigits().get("train", np.arange(8), epoch=3)["image"]
+    c = digits.get("train", np.arange(8), epoch=4)["image"]
+    np.testing.assert_array_equal(a, b)
+    assert np.abs(a - c).mean() > 0.05
+    t1 = digits.get("test", np.arange(8), epoch=0)["image"]
+    t2 = digits.get("test", np.arange(8), epoch=7)["image"]
+    np.testing.assert_array_equal(t1, t2)
+
+
+def test_digit_box_holds_the_bright_glyph(digits):
+    batch = digits.get("test", np.arange(20))
+    for image, (top, left, h, w) in zip(batch["image"][..., 0], batch["box"]):
+        inside = image[top : top + h, left : left + w].mean()
+        assert inside > image.mean()
+
+
+def test_most_patches_are_background(digits):
+    batch = digits.get("test", np.arange(50))
+    frac = batch["box"][:, 2] * batch["box"][:, 3] / 32**2
+    assert frac.mean() < 0.45
+
+
+def test_logistic_regression_on_raw_pixels_stays_below_ceiling(digits):
+    from sklearn.linear_model import LogisticRegression
+
+    x_train, y_train = digits.arrays("train")
+    x_test, y_test = digits.arrays("test")
+    clf = LogisticRegression(max_iter=200).fit(x_train.reshape(len(x_train), -1), y_train)
+    accuracy = clf.score(x_test.reshape(len(x_test), -1), y_test)
+    assert accuracy <= 0.6, accuracy
+    assert accuracy > 0.1 - 0.05  # it is a real classification problem, not noise
+
+
+def test_train_batches_resume_mid_epoch(small_digits):
+    full = [b["image"] for _, b in zip(range(7), train_batches(small_digits, 16, seed=1))]
+    resumed = [b["image"] for _, b in zip(range(3), train_batches(small_digits, 16, seed=1, start_step=4))]
+    for a, b in zip(full[4:], resumed):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_eval_batches_cover_split_once(small_digits):
+    labels = np.concatenate([b["label"] for b in eval_batches(small_digits, "test", 7)])
+    assert len(labels) == small_digits.split_size("test")
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [({"image_size": 8}, "image_size"), ({"digit_size": (10, 40)}, "digit_size"), ({"noise": -1.0}, "noise"),
+     ({"glyphs_per_class": (100, 50, 50)}, "glyphs_per_class"), ({"eval_copies": 0}, "eval_copies")],
+)
+def test_bad_config_names_field(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        ClutteredDigits(DigitsConfig(**overrides))
+
+
+def test_bad_split_and_indices(small_digits):
+    with pytest.raises(ValueError, match="split='valid'"):
+        small_digits.get("valid", np.arange(2))
+    with pytest.raises(ValueError, match="indices"):
+        small_digits.get("test", np.array([small_digits.split_size("test")]))

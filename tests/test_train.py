@@ -1,0 +1,70 @@
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from moe_course.train import TrainConfig, evaluate, train
+from moe_course.train.optim import learning_rate_schedule
+from moe_course.train.restore import load_run
+
+FAST = TrainConfig(steps=6, batch_size=16, learning_rate=3e-3, warmup_steps=2, log_every=2, eval_every=3,
+                   checkpoint_every=3, eval_batch_size=16)
+
+
+def _params(model):
+    return jax.tree.leaves(nnx.state(model, nnx.Param))
+
+
+def test_loss_goes_down_and_history_is_recorded(small_digits, tiny_vit_config):
+    result = train(tiny_vit_config, small_digits, FAST.replace(steps=30, eval_every=10, log_every=10), progress=False)
+    steps = [h["step"] for h in result.history]
+    assert steps == [10, 20, 30]
+    assert result.history[-1]["task_loss"] < result.history[0]["task_loss"]
+    assert "val_accuracy" in result.history[-1]
+    metrics = evaluate(result.model, small_digits, "test", batch_size=16)
+    assert metrics["examples"] == small_digits.split_size("test") and 0 <= metrics["accuracy"] <= 1
+
+
+def test_resume_reproduces_uninterrupted_run(small_digits, tiny_vit_config, tmp_path):
+    straight = train(tiny_vit_config, small_digits, FAST, workdir=tmp_path / "a", progress=False)
+    first = train(tiny_vit_config, small_digits, FAST, workdir=tmp_path / "b", progress=False, stop_after=4)
+    assert first.resumed_from is None
+    resumed = train(tiny_vit_config, small_digits, FAST, workdir=tmp_path / "b", progress=False)
+    assert resumed.resumed_from == 3  # the newest complete checkpoint before the interruption
+    for a, b in zip(_params(straight.model), _params(resumed.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert [h["step"] for h in resumed.history] == [h["step"] for h in straight.history]
+    loaded = load_run(tmp_path / "b")
+    assert loaded.step == 6
+    for a, b in zip(_params(straight.model), _params(loaded.model)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_resume_refuses_a_different_run(small_digits, tiny_vit_config, tmp_path):
+    train(tiny_vit_config, small_digits, FAST.replace(steps=2), workdir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="model.width"):
+        train(tiny_vit_config.replace(width=32, heads=2), small_digits, FAST, workdir=tmp_path, progress=False)
+
+
+def test_incompatible_data_is_caught_before_training(small_digits, tiny_vit_config):
+    with pytest.raises(ValueError, match="image_size=32"):
+        train(tiny_vit_config.replace(image_size=32), small_digits, FAST, progress=False)
+    with pytest.raises(ValueError, match="num_classes=5"):
+        train(tiny_vit_config.replace(num_classes=5), small_digits, FAST, progress=False)
+    with pytest.raises(ValueError, match="batch_size=1000"):
+        train(tiny_vit_config, small_digits, FAST.replace(batch_size=1000), progress=False)
+
+
+@pytest.mark.parametrize("decay", ["cosine", "linear"])
+def test_schedule_warms_up_then_decays(decay):
+    cfg = TrainConfig(steps=100, learning_rate=1.0, warmup_steps=10, end_lr_ratio=0.0, decay=decay)
+    lr = learning_rate_schedule(cfg)
+    assert float(lr(0)) == 0.0 and float(lr(10)) == pytest.approx(1.0)
+    assert float(lr(55)) < 1.0 and float(lr(100)) == pytest.approx(0.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("changes, field", [({"steps": 0}, "steps"), ({"learning_rate": 0.0}, "learning_rate"),
+                                            ({"decay": "step"}, "decay"), ({"log_every": -1}, "log_every")])
+def test_bad_train_config(changes, field):
+    with pytest.raises(ValueError, match=field):
+        TrainConfig().replace(**changes)

@@ -39,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--learning-rate", type=float, default=None)
     train.add_argument("--warmup-steps", type=int, default=None)
     train.add_argument("--checkpoint-every", type=int, default=None, help="steps between checkpoints")
+    train.add_argument("--image-size", type=int, default=None, help="override the preset's image size (pixels)")
+    train.add_argument("--patch-size", type=int, default=None, help="override the preset's patch size (pixels)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -61,6 +63,9 @@ def _train(args) -> dict:
     from moe_course.train import evaluate, train
 
     model_config = get_preset(args.model, args.preset)
+    shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
+    recipe = recipe_for(model_config)
+    model_config = model_config.replace(**shape)
     overrides = {
         k: v
         for k, v in dict(
@@ -69,7 +74,7 @@ def _train(args) -> dict:
         ).items()
         if v is not None
     }
-    train_config = recipe_for(model_config).replace(**overrides)
+    train_config = recipe.replace(**overrides)
     dataset = load_dataset(args.dataset, args.data_dir, image_size=model_config.image_size, seed=args.seed)
     model_config = model_config.replace(channels=dataset.image_shape[2], num_classes=dataset.num_classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))

@@ -44,6 +44,16 @@ def check_split(dataset: ImageDataset, split: str) -> None:
         raise ValueError(f"split={split!r} of dataset {dataset.name!r} is empty")
 
 
+def check_indices(dataset, split: str, indices: np.ndarray) -> np.ndarray:
+    """``indices`` as (n,) int64; ValueError when the split is unknown/empty or an index is out of range."""
+    check_split(dataset, split)
+    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+    size = dataset.split_size(split)
+    if indices.size and (indices.min() < 0 or indices.max() >= size):
+        raise ValueError(f"indices must lie in [0, {size}) for split={split!r} of {dataset.name!r}")
+    return indices
+
+
 def epoch_order(num_examples: int, *, seed: int, epoch: int) -> np.ndarray:
     """The shuffled example order of one training epoch: (num_examples,) int64, a function of (seed, epoch)."""
     return np.random.default_rng([seed, epoch, 0x5EED]).permutation(num_examples)

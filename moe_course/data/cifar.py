@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 from PIL import Image
 
-from moe_course.data.base import SPLITS, DataError, check_split
+from moe_course.data.base import SPLITS, DataError, check_indices
 
 CIFAR_SIZE = 32
 _PIXELS = 3 * CIFAR_SIZE * CIFAR_SIZE
@@ -189,16 +189,6 @@ def _class_names(where: str, meta: dict, layout: _Layout) -> tuple[str, ...]:
     if not isinstance(names, (list, tuple)) or len(names) != layout.num_classes:
         raise DataError(f"{where}: has no {layout.names_key!r}; expected a list of {layout.num_classes} class names")
     return tuple(n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in names)
-
-
-def check_indices(dataset, split: str, indices: np.ndarray) -> np.ndarray:
-    """``indices`` as (n,) int64; ValueError when the split is unknown/empty or an index is out of range."""
-    check_split(dataset, split)
-    indices = np.asarray(indices, dtype=np.int64).reshape(-1)
-    size = dataset.split_size(split)
-    if indices.size and (indices.min() < 0 or indices.max() >= size):
-        raise ValueError(f"indices must lie in [0, {size}) for split={split!r} of {dataset.name!r}")
-    return indices
 
 
 class Cifar:

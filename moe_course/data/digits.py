@@ -18,7 +18,7 @@ from functools import cached_property
 import numpy as np
 from PIL import Image
 
-from moe_course.data.base import SPLITS, check_split
+from moe_course.data.base import SPLITS, check_indices, check_split
 
 CLASS_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
@@ -30,6 +30,7 @@ class DigitsConfig:
 
     image_size: canvas side in pixels. digit_size: (min, max) side of the pasted digit in pixels.
     strokes: (min, max) clutter strokes per canvas. stroke_length: (min, max) stroke length in pixels.
+    stroke_intensity: (min, max) stroke brightness in [0, 1].
     noise: std of the additive pixel noise. glyphs_per_class: (train, val, test) source glyphs per class.
     eval_copies: canvases drawn per val/test glyph. seed: every random draw derives from it.
     """
@@ -38,10 +39,20 @@ class DigitsConfig:
     digit_size: tuple[int, int] = (14, 22)
     strokes: tuple[int, int] = (4, 8)
     stroke_length: tuple[int, int] = (5, 14)
+    stroke_intensity: tuple[float, float] = (0.4, 1.0)
     noise: float = 0.08
     glyphs_per_class: tuple[int, int, int] = (104, 35, 35)
     eval_copies: int = 3
     seed: int = 0
+
+    @classmethod
+    def for_image_size(cls, image_size: int, **overrides) -> "DigitsConfig":
+        """The default drawing recipe scaled to another canvas side (digit and stroke sizes scale with it)."""
+        base = cls()
+        scale = image_size / base.image_size
+        resize = lambda pair, floor: tuple(max(floor, round(v * scale)) for v in pair)
+        return cls(image_size=image_size, digit_size=resize(base.digit_size, 8),
+                   stroke_length=resize(base.stroke_length, 1), **overrides)
 
     def validate(self) -> None:
         if self.image_size < 12:
@@ -55,6 +66,8 @@ class DigitsConfig:
             raise ValueError(f"strokes={self.strokes} is not allowed; use 0 <= min <= max")
         if not 1 <= self.stroke_length[0] <= self.stroke_length[1]:
             raise ValueError(f"stroke_length={self.stroke_length} is not allowed; use 1 <= min <= max")
+        if not 0 <= self.stroke_intensity[0] <= self.stroke_intensity[1] <= 1:
+            raise ValueError(f"stroke_intensity={self.stroke_intensity} is not allowed; use 0 <= min <= max <= 1")
         if self.noise < 0:
             raise ValueError(f"noise={self.noise} is not allowed; use a std >= 0")
         if min(self.glyphs_per_class) < 1 or sum(self.glyphs_per_class) > 174:
@@ -87,7 +100,8 @@ def _split_glyphs(labels: np.ndarray, glyphs_per_class: tuple[int, int, int], se
     return {s: np.concatenate(p) for s, p in parts.items()}
 
 
-def _draw_stroke(canvas: np.ndarray, rng: np.random.Generator, length_range: tuple[int, int]) -> None:
+def _draw_stroke(canvas: np.ndarray, rng: np.random.Generator, length_range: tuple[int, int],
+                 intensity: tuple[float, float]) -> None:
     size = canvas.shape[0]
     length = rng.integers(length_range[0], length_range[1] + 1)
     y0, x0 = rng.uniform(0, size, 2)
@@ -96,7 +110,7 @@ def _draw_stroke(canvas: np.ndarray, rng: np.random.Generator, length_range: tup
     t = np.linspace(0.0, 1.0, 3 * length)
     ys = np.clip(np.round(y0 + length * t * np.sin(angle + bend * t * length / 4)), 0, size - 1).astype(int)
     xs = np.clip(np.round(x0 + length * t * np.cos(angle + bend * t * length / 4)), 0, size - 1).astype(int)
-    canvas[ys, xs] = np.maximum(canvas[ys, xs], rng.uniform(0.4, 1.0))
+    canvas[ys, xs] = np.maximum(canvas[ys, xs], rng.uniform(*intensity))
 
 
 class ClutteredDigits:
@@ -146,11 +160,8 @@ class ClutteredDigits:
 
     def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
         """Render examples ``indices`` of ``split``. Training canvases change with ``epoch``; val/test do not."""
-        check_split(self, split)
-        indices = np.asarray(indices, dtype=np.int64)
+        indices = check_indices(self, split, indices)
         n_glyphs = len(self._split_glyph_ids[split])
-        if indices.size and (indices.min() < 0 or indices.max() >= self.split_size(split)):
-            raise ValueError(f"indices must lie in [0, {self.split_size(split)}) for split={split!r}")
         cfg = self.config
         size = cfg.image_size
         images = np.zeros((len(indices), size, size, 1), np.float32)
@@ -162,7 +173,7 @@ class ClutteredDigits:
             rng = np.random.default_rng([cfg.seed, _SPLIT_IDS[split], draw_epoch, int(index)])
             canvas = np.zeros((size, size), np.float32)
             for _ in range(rng.integers(cfg.strokes[0], cfg.strokes[1] + 1)):
-                _draw_stroke(canvas, rng, cfg.stroke_length)
+                _draw_stroke(canvas, rng, cfg.stroke_length, cfg.stroke_intensity)
             side = int(rng.integers(cfg.digit_size[0], cfg.digit_size[1] + 1))
             top, left = rng.integers(0, size - side + 1, 2)
             window = canvas[top : top + side, left : left + side]

@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from moe_course.data.base import SPLITS, DataError
-from moe_course.data.cifar import check_indices
+from moe_course.data.base import SPLITS, DataError, check_indices
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 

@@ -32,8 +32,9 @@ def load_dataset(
     if name == "digits":
         if path is not None:
             raise DataError(f"{path}: dataset 'digits' is embedded and takes no path; drop --data-dir")
-        sizes = {} if image_size is None else {"image_size": image_size}
-        return ClutteredDigits(DigitsConfig(seed=seed, **sizes))
+        if image_size is None:
+            return ClutteredDigits(DigitsConfig(seed=seed))
+        return ClutteredDigits(DigitsConfig.for_image_size(image_size, seed=seed))
     if path is None:
         raise DataError(f"dataset {name!r} needs its files: pass --data-dir (the path to them)")
     if name in ("cifar10", "cifar100"):

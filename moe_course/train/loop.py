@@ -118,8 +118,7 @@ def train(
             state, history = checkpoints.restore(latest, {"params": params, "opt_state": opt_state})
             params, opt_state = state["params"], state["opt_state"]
             start_step = resumed_from = latest
-            if progress:
-                print(f"Resuming from the checkpoint of step {latest} in {checkpoints.workdir}")
+            print(f"Resuming from the checkpoint of step {latest} in {checkpoints.workdir}")
 
     train_step = make_train_step(graphdef, tx)
     eval_step = make_eval_step(graphdef)

@@ -1,0 +1,48 @@
+import pytest
+
+from moe_course.cli import main
+
+
+def _error_line(capsys):
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    return err
+
+
+def test_train_help_lists_presets(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("digits-tiny", "vit-b/16", "vit-h/14", "deit-ti/16"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["train", "vit", "--preset", "vit-z/3"], "preset='vit-z/3' is not a vit preset; allowed: "),
+        (["train", "vit", "--preset", "digits-tiny", "--dataset", "cifar10", "--data-dir", "/nonexistent/cifar"],
+         "/nonexistent/cifar"),
+        (["train", "vit", "--preset", "digits-tiny", "--dataset", "cifar10"], "--data-dir"),
+        (["train", "vit", "--preset", "digits-tiny", "--patch-size", "5"],
+         "patch_size=5 does not divide image_size=32; allowed patch sizes: [1, 2, 4, 8, 16, 32]"),
+        (["train", "vit", "--preset", "digits-tiny", "--steps", "0"], "steps=0"),
+        (["evaluate", "--workdir", "/nonexistent/run"], "/nonexistent/run/run.json"),
+    ],
+)
+def test_bad_input_is_one_clear_line(argv, expected, capsys):
+    assert main(argv) == 2
+    assert expected in _error_line(capsys)
+
+
+def test_train_then_evaluate_and_resume(tmp_path, capsys):
+    argv = ["train", "vit", "--preset", "digits-tiny", "--image-size", "16", "--batch-size", "16",
+            "--checkpoint-every", "2", "--workdir", str(tmp_path), "--no-progress"]
+    assert main(argv + ["--steps", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "test_accuracy:" in out
+    assert main(argv + ["--steps", "6"]) == 0
+    assert "Resuming from the checkpoint of step 4" in capsys.readouterr().out
+    assert main(["evaluate", "--workdir", str(tmp_path), "--split", "val"]) == 0
+    assert "step: 6" in capsys.readouterr().out

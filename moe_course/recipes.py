@@ -14,8 +14,8 @@ _JFT_IMAGES = 300_000_000
 _PAPER_LR_EPOCHS = {"s": (1e-3, 5), "b": (8e-4, 7), "l": (6e-4, 7), "h": (3e-4, 14)}
 
 _CPU_RECIPES = {
-    "digits-tiny": TrainConfig(steps=1500, batch_size=128, learning_rate=1e-3, warmup_steps=75,
-                               checkpoint_every=250, log_every=50, eval_every=500),
+    "digits-tiny": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
+                               checkpoint_every=500, log_every=50, eval_every=500),
     "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,
                                 checkpoint_every=500, log_every=50, eval_every=500),
 }

@@ -104,7 +104,7 @@ VIT_PRESETS: dict[str, ViTConfig] = {
         ViTConfig(name="deit-s/16", width=384, depth=12, heads=6, mlp_dim=1536, num_classes=1000),
         # CPU presets on the 32x32 cluttered digits.
         ViTConfig(
-            name="digits-tiny", image_size=32, patch_size=4, channels=1, width=64, depth=4, heads=4,
+            name="digits-tiny", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4,
             mlp_dim=128, num_classes=10, pool="gap",
         ),
         ViTConfig(

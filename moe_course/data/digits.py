@@ -37,10 +37,10 @@ class DigitsConfig:
 
     image_size: int = 32
     digit_size: tuple[int, int] = (14, 22)
-    strokes: tuple[int, int] = (4, 8)
+    strokes: tuple[int, int] = (2, 5)
     stroke_length: tuple[int, int] = (5, 14)
-    stroke_intensity: tuple[float, float] = (0.4, 1.0)
-    noise: float = 0.08
+    stroke_intensity: tuple[float, float] = (0.2, 0.6)
+    noise: float = 0.05
     glyphs_per_class: tuple[int, int, int] = (104, 35, 35)
     eval_copies: int = 3
     seed: int = 0

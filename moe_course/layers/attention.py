@@ -33,6 +33,8 @@ class MultiHeadAttention(nnx.Module):
         b, t, w = x.shape
         split = lambda y: y.reshape(b, t, self.heads, w // self.heads)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        if not return_attention:  # XLA's fused attention: the maps are never materialised for the caller
+            return self.out(jax.nn.dot_product_attention(q, k, v).reshape(b, t, w))
         weights = attention_weights(q, k)
         y = self.out(jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, w))
-        return (y, weights) if return_attention else y
+        return y, weights

@@ -27,7 +27,8 @@ class EncoderBlock(nnx.Module):
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  return_attention: bool = False):
-        h, weights = self.attn(self.norm1(x), return_attention=True)
+        h = self.attn(self.norm1(x), return_attention=return_attention)
+        h, weights = h if return_attention else (h, None)
         x = x + self.drop(h, deterministic=deterministic, rngs=rngs)
         x = x + self.drop(self.mlp(self.norm2(x)), deterministic=deterministic, rngs=rngs)
-        return x, (weights if return_attention else None)
+        return x, weights

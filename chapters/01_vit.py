@@ -23,7 +23,7 @@
 # 2. patches: a strided convolution is the same thing as a linear map of flattened patches;
 # 3. attention, written out by hand, equals the library's layer;
 # 4. where a ViT's parameters live, and the paper sizes of V-MoE Table 7 counted without allocating them;
-# 5. a small ViT trained on the CPU in about a minute, and what its attention looks at.
+# 5. a small ViT trained on the CPU in about a minute and a half, and what its attention looks at.
 #
 # The last cell trains a paper-size ViT on a real dataset; it runs only when you ask for it (see there).
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from moe_course.configs import PRESETS
+from moe_course.data.base import DataError
 
 
 def _preset_list() -> str:
@@ -100,7 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         summary = _train(args) if args.command == "train" else _evaluate(args)
-    except ValueError as err:  # includes DataError: bad config, preset, path or data, before any compilation
+    except DataError as err:  # a missing, mis-laid or corrupt dataset, before any compilation
+        print(f"moe-course {args.command}: error: --data-dir: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # a bad config, preset or option value, before any compilation
         print(f"moe-course {args.command}: error: {err}", file=sys.stderr)
         return 2
     for key, value in summary.items():

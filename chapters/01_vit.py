@@ -203,8 +203,8 @@ for name in ("vit-s/32", "vit-b/32", "deit-ti/16", "deit-s/16", "digits-tiny"):
 #
 # Why 8x8 patches and not 4x4? Cost. Attention compares every token with every other, and on a CPU the
 # small batched matrix products of attention dominate: on two cores one training step of this model at
-# batch 128 took 0.26 s with 64 tokens and 0.046 s with 16 (measured with the same code, side by side). In
-# our runs the 16-token model also learned faster per step on this data, so it wins twice. Later chapters
+# batch 128 took 0.26 s with 64 tokens and 0.046 s with 16 (measured with the same code, side by side), so
+# in the same minutes the 16-token model takes more than five times as many steps. Later chapters
 # that draw which patches a router drops use 4x4 patches where the finer picture is worth the time. The command-line recipe
 # (`moe-course train vit --preset digits-tiny`) trains the same model longer; see README.md for its measured
 # accuracy.

@@ -10,8 +10,9 @@ ImageNet-1k head.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+
+from moe_course.checks import check_integers, replace_validated
 
 POOLS = ("cls", "gap")
 JFT_CLASSES = 18291
@@ -52,18 +53,12 @@ class ViTConfig:
 
     def replace(self, **changes) -> "ViTConfig":
         """A copy with ``changes`` applied, validated. Unknown fields raise ValueError."""
-        allowed = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - allowed)
-        if unknown:
-            raise ValueError(f"unknown ViTConfig field(s) {unknown}; allowed: {sorted(allowed)}")
-        return dataclasses.replace(self, **changes).validate()
+        return replace_validated(self, changes)
 
     def validate(self) -> "ViTConfig":
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
-        for field in ("image_size", "patch_size", "channels", "width", "depth", "heads", "mlp_dim", "num_classes"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{field}={value!r} is not allowed; use a positive integer")
+        check_integers(self, ("image_size", "patch_size", "channels", "width", "depth", "heads", "mlp_dim",
+                              "num_classes"), minimum=1)
         if self.image_size % self.patch_size:
             divisors = [d for d in range(1, self.image_size + 1) if self.image_size % d == 0]
             raise ValueError(

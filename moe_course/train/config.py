@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+
+from moe_course.checks import check_integers, replace_validated
 
 DECAYS = ("cosine", "linear")
 
@@ -37,22 +38,13 @@ class TrainConfig:
     eval_batch_size: int = 500
 
     def replace(self, **changes) -> "TrainConfig":
-        allowed = {f.name for f in dataclasses.fields(self)}
-        unknown = sorted(set(changes) - allowed)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig field(s) {unknown}; allowed: {sorted(allowed)}")
-        return dataclasses.replace(self, **changes).validate()
+        """A copy with ``changes`` applied, validated. Unknown fields raise ValueError."""
+        return replace_validated(self, changes)
 
     def validate(self) -> "TrainConfig":
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
-        for field in ("steps", "batch_size", "keep_checkpoints", "eval_batch_size"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field}={value!r} is not allowed; use a positive integer")
-        for field in ("warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{field}={value!r} is not allowed; use an integer >= 0")
+        check_integers(self, ("steps", "batch_size", "keep_checkpoints", "eval_batch_size"), minimum=1)
+        check_integers(self, ("warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"), minimum=0)
         if not self.learning_rate > 0:
             raise ValueError(f"learning_rate={self.learning_rate} is not allowed; use a value > 0")
         if not 0 <= self.end_lr_ratio <= 1:

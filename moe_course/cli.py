@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from moe_course.configs import PRESETS
+from moe_course.configs.vmoe import ALLOCATIONS, PRIORITIES
 from moe_course.data.base import DataError
 
 
@@ -14,10 +15,11 @@ def _preset_list() -> str:
     lines = []
     for family, presets in PRESETS.items():
         for name, cfg in presets.items():
-            lines.append(
-                f"  {family:5s} {name:14s} {cfg.image_size}px/{cfg.patch_size}, width {cfg.width}, "
-                f"{cfg.depth} blocks, {cfg.heads} heads, MLP {cfg.mlp_dim}, {cfg.num_classes} classes"
-            )
+            line = (f"  {family:5s} {name:18s} {cfg.image_size}px/{cfg.patch_size}, width {cfg.width}, "
+                    f"{cfg.depth} blocks, {cfg.heads} heads, MLP {cfg.mlp_dim}, {cfg.num_classes} classes")
+            if hasattr(cfg, "num_experts"):
+                line += f"; MoE in blocks {list(cfg.moe_blocks())}: {cfg.num_experts} experts, k={cfg.k}"
+            lines.append(line)
     return "presets:\n" + "\n".join(lines)
 
 
@@ -49,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--workdir", required=True)
     _add_data_args(evaluate, DATASETS)
     evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
+    routing = evaluate.add_argument_group("routing (V-MoE runs): evaluate the trained model with other settings")
+    routing.add_argument("--allocation", default=None, choices=ALLOCATIONS,
+                         help="vanilla (V-MoE App. C Alg. 1), bpr (Alg. 2), skip_patch (Alg. 3), experts_choice")
+    routing.add_argument("--k", type=int, default=None, help="experts per token")
+    routing.add_argument("--capacity-ratio", type=float, default=None, help="C in B_e = round(k*N*P*C/E)")
+    routing.add_argument("--priority", default=None, choices=PRIORITIES, help="BPR score: max or sum of the gates")
     return parser
 
 
@@ -88,12 +96,20 @@ def _train(args) -> dict:
 def _evaluate(args) -> dict:
     from moe_course.data import load_dataset
     from moe_course.train import evaluate
+    from moe_course.models import VMoE, with_routing
     from moe_course.train.restore import load_run
 
     run = load_run(args.workdir)
+    routing = {k: v for k, v in dict(allocation=args.allocation, k=args.k, capacity_ratio=args.capacity_ratio,
+                                     priority=args.priority).items() if v is not None}
+    if routing:
+        if not isinstance(run.model, VMoE):
+            raise ValueError(f"--{next(iter(routing)).replace('_', '-')} applies to V-MoE runs; "
+                             f"{args.workdir} holds a {type(run.model).__name__}")
+        with_routing(run.model, **routing)
     dataset = load_dataset(args.dataset, args.data_dir, image_size=run.model_config.image_size)
     metrics = evaluate(run.model, dataset, args.split, batch_size=run.train_config.eval_batch_size)
-    return {"workdir": args.workdir, "step": run.step, "split": args.split,
+    return {"workdir": args.workdir, "step": run.step, "split": args.split, **routing,
             f"{args.split}_accuracy": round(metrics["accuracy"], 4), f"{args.split}_loss": round(metrics["loss"], 4)}
 
 

@@ -16,6 +16,9 @@ _PAPER_LR_EPOCHS = {"s": (1e-3, 5), "b": (8e-4, 7), "l": (6e-4, 7), "h": (3e-4, 
 _CPU_RECIPES = {
     "digits-tiny": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                checkpoint_every=500, log_every=50, eval_every=500),
+    # Same recipe as the dense digits-tiny, so chapter 3 compares dense and MoE under one schedule.
+    "digits-tiny-moe": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
+                                   checkpoint_every=500, log_every=50, eval_every=500),
     "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,
                                 checkpoint_every=500, log_every=50, eval_every=500),
 }
@@ -26,8 +29,8 @@ def recipe_for(model_config) -> TrainConfig:
     name = model_config.name
     if name in _CPU_RECIPES:
         return _CPU_RECIPES[name]
-    if name.startswith("vit-"):
-        size, patch = name[len("vit-"):].split("/")
+    if name.startswith(("vit-", "vmoe-")):  # V-MoE trains with its dense ViT's recipe (App. B.2)
+        size, patch = name.split("-", 1)[1].split("-")[0].split("/")
         lr, epochs = _PAPER_LR_EPOCHS[size]
         if size == "l" and patch == "16":
             lr = 4e-4

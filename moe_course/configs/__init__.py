@@ -5,14 +5,15 @@ from __future__ import annotations
 import dataclasses
 
 from moe_course.configs.vit import VIT_PRESETS, ViTConfig
+from moe_course.configs.vmoe import VMOE_PRESETS, VMoEConfig
 
-PRESETS = {"vit": VIT_PRESETS}
-CONFIG_TYPES = {"vit": ViTConfig}
+PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS}
+CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig}
 
 
 def config_to_dict(config) -> dict:
     """A model config as a JSON-ready dict with its family, e.g. {"family": "vit", "width": 64, ...}."""
-    family = next((f for f, t in CONFIG_TYPES.items() if isinstance(config, t)), None)
+    family = next((f for f, t in CONFIG_TYPES.items() if type(config) is t), None)
     if family is None:
         raise ValueError(f"no model family for config type {type(config).__name__}")
     return {"family": family, **dataclasses.asdict(config)}
@@ -44,4 +45,4 @@ def get_preset(family: str, name: str):
     return presets[key]
 
 
-__all__ = ["CONFIG_TYPES", "PRESETS", "VIT_PRESETS", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]
+__all__ = ["CONFIG_TYPES", "PRESETS", "VIT_PRESETS", "VMOE_PRESETS", "VMoEConfig", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]

@@ -7,6 +7,7 @@ from flax import nnx
 
 from moe_course.layers.attention import MultiHeadAttention
 from moe_course.layers.mlp import MLP
+from moe_course.layers.moe import MoEOutput
 
 LAYER_NORM_EPS = 1e-6
 
@@ -14,15 +15,17 @@ LAYER_NORM_EPS = 1e-6
 class EncoderBlock(nnx.Module):
     """One ViT encoder block (Dosovitskiy et al. 2021, Eq. 2-3). x: (batch, tokens, width) -> same shape.
 
-    ``mlp`` is any module mapping (batch, tokens, width) to the same shape; later chapters swap in MoE layers.
-    Returns (y, attention maps or None).
+    ``mlp``: None for the dense MLP of size ``mlp_dim``, or a module that returns an ``MoEOutput`` (V-MoE
+    replaces the MLP of some blocks with a sparse MoE layer, Sec. 2.1).
+    Returns (y, attention maps or None, MoEOutput or None).
     """
 
-    def __init__(self, width: int, heads: int, mlp_dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs):
+    def __init__(self, width: int, heads: int, mlp_dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs,
+                 mlp: nnx.Module | None = None):
         self.norm1 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
         self.attn = MultiHeadAttention(width, heads, rngs=rngs)
         self.norm2 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
-        self.mlp = MLP(width, mlp_dim, rngs=rngs)
+        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim, rngs=rngs)
         self.drop = nnx.Dropout(dropout)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
@@ -30,5 +33,11 @@ class EncoderBlock(nnx.Module):
         h = self.attn(self.norm1(x), return_attention=return_attention)
         h, weights = h if return_attention else (h, None)
         x = x + self.drop(h, deterministic=deterministic, rngs=rngs)
-        x = x + self.drop(self.mlp(self.norm2(x)), deterministic=deterministic, rngs=rngs)
-        return x, weights
+        if isinstance(self.mlp, MLP):
+            h, moe = self.mlp(self.norm2(x)), None
+        else:
+            moe = self.mlp(self.norm2(x), deterministic=deterministic, rngs=rngs)
+            assert isinstance(moe, MoEOutput), type(moe)
+            h = moe.output
+        x = x + self.drop(h, deterministic=deterministic, rngs=rngs)
+        return x, weights, moe

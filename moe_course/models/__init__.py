@@ -5,10 +5,12 @@ from __future__ import annotations
 from flax import nnx
 
 from moe_course.configs.vit import ViTConfig
+from moe_course.configs.vmoe import VMoEConfig
 from moe_course.models.output import ModelOutput
 from moe_course.models.vit import ViT, count_params, patchify, vit_param_count
+from moe_course.models.vmoe import VMoE, vmoe_param_count, with_routing
 
-_MODEL_FOR_CONFIG = {ViTConfig: ViT}
+_MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE}
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -19,4 +21,5 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
     return cls(config, rngs=rngs)
 
 
-__all__ = ["ModelOutput", "ViT", "build_model", "count_params", "patchify", "vit_param_count"]
+__all__ = ["ModelOutput", "VMoE", "ViT", "build_model", "count_params", "patchify", "vit_param_count", "vmoe_param_count",
+           "with_routing"]

@@ -57,12 +57,17 @@ class ViT(nnx.Module):
         self.pos_embed = nnx.Param(init(rngs.params(), (1, config.num_tokens, d)))
         self.cls_token = nnx.Param(jnp.zeros((1, 1, d))) if config.pool == "cls" else None
         self.blocks = nnx.List(
-            [EncoderBlock(d, config.heads, config.mlp_dim, dropout=config.dropout, rngs=rngs) for _ in range(config.depth)]
+            [EncoderBlock(d, config.heads, config.mlp_dim, dropout=config.dropout, rngs=rngs,
+                          mlp=self.make_mlp(i, rngs)) for i in range(config.depth)]
         )
         self.norm = nnx.LayerNorm(d, epsilon=LAYER_NORM_EPS, rngs=rngs)
         rep = config.representation_size
         self.pre_logits = nnx.Linear(d, rep, rngs=rngs) if rep else None
         self.head = nnx.Linear(rep or d, config.num_classes, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+    def make_mlp(self, block: int, rngs: nnx.Rngs) -> nnx.Module | None:
+        """The MLP of block ``block``: None = the dense MLP. Subclasses (V-MoE) return MoE layers here."""
+        return None
 
     def embed(self, images: jax.Array) -> jax.Array:
         """images -> tokens (batch, num_tokens, width) with position embeddings (and class token) added."""
@@ -83,12 +88,18 @@ class ViT(nnx.Module):
     def __call__(self, images: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  return_attention: bool = False) -> ModelOutput:
         x = self.embed(images)
-        maps = []
+        maps, routing, aux_loss = [], [], jnp.zeros((), jnp.float32)
         for block in self.blocks:
-            x, weights = block(x, deterministic=deterministic, rngs=rngs, return_attention=return_attention)
+            x, weights, moe = block(x, deterministic=deterministic, rngs=rngs, return_attention=return_attention)
             maps.append(weights)
+            if moe is not None:
+                routing.append(moe.routing)
+                aux_loss = aux_loss + moe.aux_loss
+        if routing:  # V-MoE: the mean of the MoE layers' weighted auxiliary losses (App. A.2)
+            aux_loss = aux_loss / len(routing)
         logits = self.head(self.pool(self.norm(x)))
-        return ModelOutput(logits=logits, attention=tuple(maps) if return_attention else ())
+        return ModelOutput(logits=logits, aux_loss=aux_loss, attention=tuple(maps) if return_attention else (),
+                           routing=tuple(routing))
 
 
 def count_params(build) -> int:

@@ -35,7 +35,7 @@ class TrainConfig:
     eval_every: int = 0
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
-    eval_batch_size: int = 500
+    eval_batch_size: int = 512
 
     def replace(self, **changes) -> "TrainConfig":
         """A copy with ``changes`` applied, validated. Unknown fields raise ValueError."""

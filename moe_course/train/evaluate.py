@@ -18,7 +18,7 @@ def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
     return out
 
 
-def evaluate(model: nnx.Module, dataset: ImageDataset, split: str = "test", *, batch_size: int = 500,
+def evaluate(model: nnx.Module, dataset: ImageDataset, split: str = "test", *, batch_size: int = 512,
              eval_step=None) -> dict[str, float]:
     """{"accuracy": fraction correct, "loss": mean cross-entropy (nats), "examples": count} on ``split``."""
     if eval_step is None:

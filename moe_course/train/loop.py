@@ -61,8 +61,8 @@ def _prefetch(iterator: Iterator, size: int = 2) -> Iterator:
         stop.set()
 
 
-def check_compatible(model_config, dataset: ImageDataset) -> None:
-    """Raises ValueError when the dataset's images or classes do not fit the model config."""
+def check_compatible(model_config, dataset: ImageDataset, config: TrainConfig) -> None:
+    """Raises ValueError when the dataset's images or classes, or the batch sizes, do not fit the model config."""
     h, w, c = dataset.image_shape
     if (h, w) != (model_config.image_size, model_config.image_size):
         raise ValueError(
@@ -71,6 +71,12 @@ def check_compatible(model_config, dataset: ImageDataset) -> None:
         )
     if c != model_config.channels:
         raise ValueError(f"channels={model_config.channels} of the model; dataset {dataset.name!r} has {c}")
+    group = getattr(model_config, "group_size", None)
+    if group is not None:
+        for name in ("batch_size", "eval_batch_size"):
+            if getattr(config, name) % group:
+                raise ValueError(f"{name}={getattr(config, name)} is not a multiple of the model's "
+                                 f"group_size={group} (images per routing group); use a multiple of {group}")
     if dataset.num_classes != model_config.num_classes:
         raise ValueError(
             f"num_classes={model_config.num_classes} of the model; dataset {dataset.name!r} has {dataset.num_classes}"
@@ -96,7 +102,7 @@ def train(
     """
     model_config.validate()
     config.validate()
-    check_compatible(model_config, dataset)
+    check_compatible(model_config, dataset, config)
     per_epoch = steps_per_epoch(dataset, config.batch_size)
     started = time.perf_counter()
 

@@ -1,0 +1,129 @@
+"""Named V-MoE configurations (Riquelme et al. 2021): a ViT whose MLPs in some blocks are sparse MoE layers.
+
+Placement (Sec. 2.3, Table 7): "every-2" puts an MoE layer in every other block (blocks 1, 3, 5, ... counted
+from 0, i.e. the even blocks counted from 1); "last-n" puts one in the last ``moe_last_n`` of those. All of
+Table 7's V-MoE models use E = 32 experts and train with capacity ratio C = 1.05; the presets below carry
+those settings and their Table 7 parameter counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moe_course.checks import check_integers
+from moe_course.configs.vit import JFT_CLASSES, ViTConfig
+
+PLACEMENTS = ("every-2", "last-n")
+ALLOCATIONS = ("vanilla", "bpr", "skip_patch", "experts_choice")
+PRIORITIES = ("max", "sum")
+ROUTER_ORDERS = ("softmax_then_topk", "topk_then_softmax")
+DISPATCHES = ("gather", "einsum")
+
+
+@dataclass(frozen=True)
+class VMoEConfig(ViTConfig):
+    """A V-MoE: every field of ViTConfig plus the MoE layers' settings.
+
+    num_experts: E. k: experts per token (TOP_k, Sec. 2.2). capacity_ratio: C in B_e = round(k*N*P*C/E)
+    (Sec. 2.4). placement / moe_last_n: which blocks are MoE (see module docstring). group_size: images per
+    routing group; tokens compete for expert buffers only inside their group (all images of a group compete
+    under BPR). allocation: "vanilla" (App. C Alg. 1), "bpr" (Alg. 2), "skip_patch" (Alg. 3, keeps the top
+    ``skip_keep_fraction`` of tokens by priority, then BPR) or "experts_choice" (Zhou et al. 2022).
+    priority: BPR score, "max" gate or "sum" of the top-k gates. router_order: TOP_k after the softmax
+    (V-MoE) or softmax over the TOP_k logits (Shazeer et al. 2017; App. A.1 ablation). noise_std: router
+    noise std during training (None = 1/E, Sec. 2.2). expert_dropout: dropout inside experts during training.
+    aux_loss_weight: lambda on the mean of importance and load losses (App. A.2). capacity_rounding: how
+    B_e is rounded. dispatch: "gather" (index based, memory linear in group size) or "einsum" (one-hot).
+    """
+
+    num_experts: int = 32
+    k: int = 2
+    capacity_ratio: float = 1.05
+    placement: str = "last-n"
+    moe_last_n: int = 2
+    group_size: int = 8
+    allocation: str = "vanilla"
+    priority: str = "max"
+    skip_keep_fraction: float = 1.0
+    router_order: str = "softmax_then_topk"
+    noise_std: float | None = None
+    expert_dropout: float = 0.0
+    aux_loss_weight: float = 0.01
+    capacity_rounding: str = "round"
+    dispatch: str = "gather"
+
+    def moe_blocks(self) -> tuple[int, ...]:
+        """Indices (from 0) of the blocks whose MLP is an MoE layer."""
+        candidates = tuple(range(1, self.depth, 2))
+        return candidates if self.placement == "every-2" else candidates[len(candidates) - self.moe_last_n:]
+
+    def validate(self) -> "VMoEConfig":
+        """Returns self, or raises ValueError naming the field, its value and what is allowed."""
+        super().validate()
+        check_integers(self, ("num_experts", "k", "group_size"), minimum=1)
+        for field, allowed in (("placement", PLACEMENTS), ("allocation", ALLOCATIONS), ("priority", PRIORITIES),
+                               ("router_order", ROUTER_ORDERS), ("dispatch", DISPATCHES),
+                               ("capacity_rounding", ("round", "ceil", "floor"))):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; use one of {', '.join(allowed)}")
+        if self.k > self.num_experts:
+            raise ValueError(f"k={self.k} is not allowed; use 1 <= k <= num_experts={self.num_experts}")
+        if not self.capacity_ratio > 0:
+            raise ValueError(f"capacity_ratio={self.capacity_ratio} is not allowed; use a value > 0")
+        even_blocks = len(range(1, self.depth, 2))
+        if self.placement == "last-n":
+            check_integers(self, ("moe_last_n",), minimum=1)
+            if self.moe_last_n > even_blocks:
+                raise ValueError(f"moe_last_n={self.moe_last_n} is not allowed for depth={self.depth}; "
+                                 f"use 1 <= moe_last_n <= {even_blocks}")
+        if not 0 < self.skip_keep_fraction <= 1:
+            raise ValueError(f"skip_keep_fraction={self.skip_keep_fraction} is not allowed; use 0 < fraction <= 1")
+        if self.noise_std is not None and self.noise_std < 0:
+            raise ValueError(f"noise_std={self.noise_std} is not allowed; use a value >= 0 or None (= 1/E)")
+        if not 0.0 <= self.expert_dropout < 1.0:
+            raise ValueError(f"expert_dropout={self.expert_dropout} is not allowed; use 0 <= dropout < 1")
+        if self.aux_loss_weight < 0:
+            raise ValueError(f"aux_loss_weight={self.aux_loss_weight} is not allowed; use a value >= 0")
+        return self
+
+
+def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int, placement: str, last_n: int):
+    suffix = "every-2" if placement == "every-2" else f"last-{last_n}"
+    return VMoEConfig(
+        name=f"vmoe-{size}/{patch}-{suffix}", image_size=224, patch_size=patch, width=width, depth=depth,
+        heads=heads, mlp_dim=mlp, num_classes=JFT_CLASSES, representation_size=width, num_experts=32, k=2,
+        capacity_ratio=1.05, placement=placement, moe_last_n=last_n,
+    )
+
+
+# Table 7 rows: (size, patch, placement, n) -> parameters in millions, as printed in the paper.
+VMOE_TABLE_7_PARAMS = {
+    "vmoe-s/32-last-2": 166.7, "vmoe-s/32-every-2": 296.9,
+    "vmoe-b/32-last-2": 395.0, "vmoe-b/32-every-2": 980.6,
+    "vmoe-l/32-last-2": 845.8, "vmoe-l/32-every-2": 3448.2,
+    "vmoe-b/16-last-2": 393.3, "vmoe-b/16-every-2": 979.0,
+    "vmoe-l/16-last-2": 843.6, "vmoe-l/16-every-2": 3446.0,
+    "vmoe-h/14-last-5": 2688.6, "vmoe-h/14-every-2": 7160.8,
+}
+_SIZES = {"s": (8, 8, 512, 2048), "b": (12, 12, 768, 3072), "l": (24, 16, 1024, 4096), "h": (32, 16, 1280, 5120)}
+
+
+def _from_name(name: str) -> VMoEConfig:
+    size, rest = name[len("vmoe-"):].split("/")
+    patch, placement = rest.split("-", 1)
+    last_n = 0 if placement == "every-2" else int(placement.split("-")[1])
+    return _paper(size, int(patch), *_SIZES[size], "every-2" if placement == "every-2" else "last-n", last_n or 2)
+
+
+VMOE_PRESETS: dict[str, VMoEConfig] = {
+    **{name: _from_name(name) for name in VMOE_TABLE_7_PARAMS},
+    # CPU presets on the 32x32 cluttered digits: digits-tiny's backbone with MoE in blocks 1 and 3.
+    "digits-tiny-moe": VMoEConfig(
+        name="digits-tiny-moe", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4, mlp_dim=128,
+        num_classes=10, pool="gap", num_experts=8, k=2, capacity_ratio=1.05, placement="every-2", group_size=8,
+    ),
+    "digits-fine-moe": VMoEConfig(
+        name="digits-fine-moe", image_size=32, patch_size=4, channels=1, width=64, depth=4, heads=4, mlp_dim=128,
+        num_classes=10, pool="gap", num_experts=8, k=2, capacity_ratio=1.05, placement="every-2", group_size=4,
+    ),
+}

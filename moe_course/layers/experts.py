@@ -1,0 +1,31 @@
+"""E expert MLPs with separate weights, applied to their dispatched buffers in one batched einsum."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class Experts(nnx.Module):
+    """E MLPs of the ViT MLP shape, e_i(x) = W2_i gelu(W1_i x + b1_i) + b2_i (V-MoE Sec. 2.1, exact GELU).
+
+    Call: buffers (groups, experts, capacity, width) float32 -> same shape; buffer e goes through expert e.
+    Empty buffer slots hold zeros and are never combined back. ``dropout`` acts on the hidden units during
+    training (expert dropout, V-MoE App. B fine-tuning uses 0.1).
+    Parameters: fc1_kernel (E, width, hidden), fc1_bias (E, hidden), fc2_kernel (E, hidden, width),
+    fc2_bias (E, width) -- each expert initialised like ``nnx.Linear``.
+    """
+
+    def __init__(self, num_experts: int, width: int, hidden: int, *, dropout: float = 0.0, rngs: nnx.Rngs):
+        init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))  # per expert, as nnx.Linear
+        self.fc1_kernel = nnx.Param(init(rngs.params(), (num_experts, width, hidden)))
+        self.fc1_bias = nnx.Param(jnp.zeros((num_experts, hidden)))
+        self.fc2_kernel = nnx.Param(init(rngs.params(), (num_experts, hidden, width)))
+        self.fc2_bias = nnx.Param(jnp.zeros((num_experts, width)))
+        self.drop = nnx.Dropout(dropout)
+
+    def __call__(self, buffers: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
+        h = jnp.einsum("gecd,edh->gech", buffers, self.fc1_kernel[...]) + self.fc1_bias[...][None, :, None]
+        h = self.drop(jax.nn.gelu(h, approximate=False), deterministic=deterministic, rngs=rngs)
+        return jnp.einsum("gech,ehd->gecd", h, self.fc2_kernel[...]) + self.fc2_bias[...][None, :, None]

@@ -1,0 +1,111 @@
+"""Routing as pure functions on arrays: router, capacity, allocation, dispatch/combine, auxiliary losses.
+
+No Flax state and no imports from layers or models: the layers call these, the chapters derive them step by
+step, and the tests compare them with the papers' literal loops. Data flows:
+``top_k_routing`` (router.py) -> ``expert_capacity`` (capacity.py) -> ``allocate`` (allocation.py) ->
+``dispatch`` / ``combine`` (dispatch.py), with ``auxiliary_losses`` (losses.py) on the router logits.
+"""
+
+from moe_course.routing.allocation import (
+    METHODS,
+    SCORES,
+    Allocation,
+    ExpertsChoice,
+    allocate,
+    allocate_in_order,
+    batch_prioritized_allocation,
+    experts_choice_allocation,
+    experts_choice_as_allocation,
+    kept_tokens,
+    priority_scores,
+    skip_patch_allocation,
+    vanilla_allocation,
+)
+from moe_course.routing.capacity import (
+    RATIO_WARNING_TOLERANCE,
+    ROUNDINGS,
+    CapacityRoundingWarning,
+    effective_capacity_ratio,
+    expert_capacity,
+    round_count,
+)
+from moe_course.routing.dispatch import (
+    IMPLEMENTATIONS,
+    apply_experts,
+    buffer_token_index,
+    combine,
+    combine_tensor,
+    dispatch,
+    dispatch_tensor,
+    einsum_combine,
+    einsum_dispatch,
+    gather_combine,
+    gather_dispatch,
+)
+from moe_course.routing.losses import (
+    AUX_LOSS_WEIGHT,
+    AuxLosses,
+    auxiliary_losses,
+    importance_loss,
+    importance_per_expert,
+    load_loss,
+    load_per_expert,
+    selection_probability,
+    squared_coefficient_of_variation,
+)
+from moe_course.routing.router import (
+    ORDERS,
+    RouterOutput,
+    add_router_noise,
+    default_noise_std,
+    router_probabilities,
+    top_k_routing,
+)
+
+__all__ = [
+    "AUX_LOSS_WEIGHT",
+    "Allocation",
+    "AuxLosses",
+    "CapacityRoundingWarning",
+    "ExpertsChoice",
+    "IMPLEMENTATIONS",
+    "METHODS",
+    "ORDERS",
+    "RATIO_WARNING_TOLERANCE",
+    "ROUNDINGS",
+    "RouterOutput",
+    "SCORES",
+    "add_router_noise",
+    "allocate",
+    "allocate_in_order",
+    "apply_experts",
+    "auxiliary_losses",
+    "batch_prioritized_allocation",
+    "buffer_token_index",
+    "combine",
+    "combine_tensor",
+    "default_noise_std",
+    "dispatch",
+    "dispatch_tensor",
+    "effective_capacity_ratio",
+    "einsum_combine",
+    "einsum_dispatch",
+    "expert_capacity",
+    "experts_choice_allocation",
+    "experts_choice_as_allocation",
+    "gather_combine",
+    "gather_dispatch",
+    "importance_loss",
+    "importance_per_expert",
+    "kept_tokens",
+    "load_loss",
+    "load_per_expert",
+    "priority_scores",
+    "round_count",
+    "router_probabilities",
+    "selection_probability",
+    "skip_patch_allocation",
+    "squared_coefficient_of_variation",
+    "top_k_routing",
+    "vanilla_allocation",
+]

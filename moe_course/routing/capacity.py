@@ -1,0 +1,92 @@
+"""Expert buffer capacity: how many tokens each expert processes per group (V-MoE Sec. 2.4).
+
+Every expert gets a fixed-size buffer, ``B_e = round(k * N * P * C / E)``: the k * N * P choices a batch of
+N images with P tokens each makes, shared evenly over E experts, times the capacity ratio C. C > 1 leaves
+slack for uneven routing; C < 1 forces choices to be dropped (Batch Prioritized Routing decides which,
+Sec. 4). Routing here happens within groups, so ``tokens_per_group`` plays the role of N * P.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+from moe_course.routing.checks import check_choice, check_int, check_positive
+
+ROUNDINGS = ("round", "ceil", "floor")
+# Relative change of the capacity ratio, caused by rounding, above which ``expert_capacity`` warns.
+RATIO_WARNING_TOLERANCE = 0.01
+# Relative slack that absorbs floating-point error before rounding (e.g. 40 * 0.1 / 4 = 1.0000000000000002).
+_FLOAT_SLACK = 1e-9
+
+
+class CapacityRoundingWarning(UserWarning):
+    """The integer buffer capacity gives a capacity ratio noticeably different from the one asked for."""
+
+
+def round_count(value: float, rounding: str = "round") -> int:
+    """An integer count from a real number: "round" (halves round up), "ceil" or "floor".
+
+    A relative slack of 1e-9 is applied first, so that products such as 40 * 0.1 / 4, which evaluate to
+    1.0000000000000002 in floating point, count as the 1 they stand for. Raises ValueError for an unknown
+    ``rounding``.
+    """
+    check_choice("rounding", rounding, ROUNDINGS)
+    slack = _FLOAT_SLACK * max(1.0, abs(value))
+    if rounding == "ceil":
+        return math.ceil(value - slack)
+    if rounding == "floor":
+        return math.floor(value + slack)
+    return math.floor(value + 0.5 + slack)
+
+
+def effective_capacity_ratio(capacity: int, k: int, tokens_per_group: int, num_experts: int) -> float:
+    """The capacity ratio an integer buffer size really gives: ``B * E / (k * tokens_per_group)``."""
+    return capacity * num_experts / (k * tokens_per_group)
+
+
+def expert_capacity(
+    k: int,
+    tokens_per_group: int,
+    capacity_ratio: float,
+    num_experts: int,
+    *,
+    rounding: str = "round",
+    multiple_of: int | None = None,
+) -> int:
+    """Buffer capacity of each expert, per group: ``round(k * tokens_per_group * capacity_ratio / num_experts)``.
+
+    V-MoE Sec. 2.4, ``B_e = round(k N P C / E)``, with tokens_per_group = N * P.
+    k: experts per token, 1 <= k <= num_experts. tokens_per_group: tokens routed together (>= 1).
+    capacity_ratio: C > 0 (V-MoE trains with 1.05; Sec. 4 goes down to 0.1 at inference with BPR).
+    num_experts: E >= 1. rounding: "round" (default; halves round up), "ceil" or "floor".
+    multiple_of: if given, the capacity is then raised to the next multiple of it (hardware-friendly sizes).
+    Returns an int >= 1 (a buffer of 0 would drop every token; the minimum is 1).
+
+    Warns with ``CapacityRoundingWarning`` when the returned capacity changes the effective ratio
+    ``B * E / (k * tokens_per_group)`` by more than ``RATIO_WARNING_TOLERANCE`` (1 %) relative to
+    ``capacity_ratio`` -- e.g. small groups, where one slot is a large share of the buffer.
+    Raises ValueError naming the argument, its value and what is allowed when k < 1, k > num_experts,
+    tokens_per_group < 1, capacity_ratio <= 0 (or not finite), num_experts < 1, an unknown rounding, or
+    multiple_of < 1.
+    """
+    num_experts = check_int("num_experts", num_experts)
+    k = check_int("k", k, minimum=1, maximum=num_experts)
+    tokens_per_group = check_int("tokens_per_group", tokens_per_group)
+    capacity_ratio = check_positive("capacity_ratio", capacity_ratio)
+    check_choice("rounding", rounding, ROUNDINGS)
+    if multiple_of is not None:
+        multiple_of = check_int("multiple_of", multiple_of)
+    capacity = max(1, round_count(k * tokens_per_group * capacity_ratio / num_experts, rounding))
+    if multiple_of is not None:
+        capacity += -capacity % multiple_of
+    effective = effective_capacity_ratio(capacity, k, tokens_per_group, num_experts)
+    if abs(effective - capacity_ratio) > RATIO_WARNING_TOLERANCE * capacity_ratio:
+        warnings.warn(
+            f"expert capacity {capacity} gives an effective capacity_ratio of {effective:.4g} instead of "
+            f"{capacity_ratio:.4g} (k={k}, tokens_per_group={tokens_per_group}, num_experts={num_experts}, "
+            f"rounding={rounding!r}, multiple_of={multiple_of})",
+            CapacityRoundingWarning,
+            stacklevel=2,
+        )
+    return capacity

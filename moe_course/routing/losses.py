@@ -1,0 +1,119 @@
+"""V-MoE auxiliary load-balancing losses (Riquelme et al. 2021, App. A.2), computed per group, then averaged.
+
+Two losses push the router towards using all experts evenly. Both are the squared coefficient of variation
+(std / mean)^2 over experts (population std), of:
+- importance (Eq. 1-2): ``Imp_e = sum_x softmax(W x)_e``, the CLEAN router probabilities summed over the
+  group's tokens -- every token contributes to every expert, selected or not;
+- load (Eq. 3-6): a smooth stand-in for how many tokens each expert receives. For token x,
+  ``threshold_k(x)`` is the k-th largest NOISY logit ``W x + eps`` (the noise drawn in the forward pass);
+  ``p_e(x) = P((W x)_e + eps_new >= threshold_k(x)) = 1 - Phi((threshold_k(x) - (W x)_e) / sigma)`` with
+  ``eps_new ~ N(0, sigma^2)``, sigma = 1/E, and Phi the standard normal CDF; ``load_e = sum_x p_e(x)``.
+The total is ``L_aux = 0.5 L_imp + 0.5 L_load`` (Eq. 7); the model adds ``lambda * L_aux`` with
+lambda = ``AUX_LOSS_WEIGHT`` = 0.01 to its task loss (the caller multiplies).
+
+Importance alone is fooled by tokens whose probabilities are balanced on average while one expert is never
+the TOP-1 (App. A.2, Table 3); load sees that.
+
+The threshold subtlety. V-MoE simplifies Shazeer et al. (2017): ONE threshold per token, the k-th largest
+noisy logit, compared against every expert -- including the experts that themselves made the top k. For the
+expert that owns the threshold logit, ``threshold_k(x) - (W x)_e`` is just its own forward-pass noise
+``eps_e``, so ``p_e(x) = 1 - Phi(eps_e / sigma)``: a number that does not depend on that expert's logit at
+all (its gradient through that token is 0), and that is 0.5 without noise. Shazeer et al. instead compare
+expert e against the k-th largest of the OTHER experts' noisy logits. This module implements the paper's
+(and google-research/vmoe's) version: the threshold includes the expert's own entry, and gradients flow
+through both the threshold and ``(W x)_e``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moe_course.routing.checks import check_floating, check_int, check_ndim, check_positive
+from moe_course.routing.router import default_noise_std
+
+AUX_LOSS_WEIGHT = 0.01  # lambda of V-MoE App. A.2: total loss = task loss + AUX_LOSS_WEIGHT * L_aux
+
+
+def squared_coefficient_of_variation(values: jax.Array, axis: int = -1) -> jax.Array:
+    """(std / mean)^2 along ``axis``, population std (ddof 0), computed as var / mean^2 (no sqrt, so its
+    gradient is defined at perfect balance). (..., n) -> (...)."""
+    return jnp.var(values, axis=axis) / jnp.mean(values, axis=axis) ** 2
+
+
+def _check_logits(name: str, logits) -> None:
+    check_ndim(name, logits, 3, "(groups, tokens, experts)")
+    check_floating(name, logits)
+
+
+def importance_per_expert(logits: jax.Array) -> jax.Array:
+    """Imp_e per group (App. A.2, Eq. 1): clean logits (groups, tokens, experts) -> (groups, experts) float32."""
+    _check_logits("logits", logits)
+    return jnp.sum(jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1), axis=1)
+
+
+def importance_loss(logits: jax.Array) -> jax.Array:
+    """L_imp (App. A.2, Eq. 2), averaged over groups: clean logits (groups, tokens, experts) -> scalar float32."""
+    return jnp.mean(squared_coefficient_of_variation(importance_per_expert(logits)))
+
+
+def selection_probability(
+    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None
+) -> jax.Array:
+    """p_e(x) (App. A.2, Eq. 3-4): probability that expert e would be in the token's top k if only its own noise
+    were drawn again, against the fixed threshold ``threshold_k(x)`` = k-th largest noisy logit.
+
+    logits: (groups, tokens, experts) clean ``W x``. noisy_logits: same shape, ``W x + eps`` from the forward
+    pass (``RouterOutput.noisy_logits``; equal to ``logits`` without noise). k: 1 <= k <= experts.
+    noise_std: sigma > 0; None means 1 / E (0 raises: the probability is undefined without noise).
+    Returns (groups, tokens, experts) float32 in [0, 1].
+    See the module docstring for the expert that owns the threshold. Raises ValueError naming the argument.
+    """
+    _check_logits("logits", logits)
+    _check_logits("noisy_logits", noisy_logits)
+    if jnp.shape(noisy_logits) != jnp.shape(logits):
+        raise ValueError(f"noisy_logits has shape {jnp.shape(noisy_logits)}; it must match logits {jnp.shape(logits)}")
+    num_experts = jnp.shape(logits)[-1]
+    k = check_int("k", k, minimum=1, maximum=num_experts)
+    if noise_std is not None and noise_std == 0:
+        raise ValueError("noise_std=0 is not allowed for the load loss (p_e(x) needs sigma > 0); use None (1/E) or "
+                         "a positive number, or leave the load loss out for a noise-free router")
+    sigma = default_noise_std(num_experts) if noise_std is None else check_positive("noise_std", noise_std)
+    logits = jnp.asarray(logits, jnp.float32)
+    threshold = jax.lax.top_k(jnp.asarray(noisy_logits, jnp.float32), k)[0][..., -1:]  # (G, T, 1)
+    return 1.0 - jax.scipy.stats.norm.cdf((threshold - logits) / sigma)
+
+
+def load_per_expert(
+    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None
+) -> jax.Array:
+    """load_e per group (App. A.2, Eq. 5): sum over the group's tokens of p_e(x) -> (groups, experts) float32."""
+    return jnp.sum(selection_probability(logits, noisy_logits, k, noise_std=noise_std), axis=1)
+
+
+def load_loss(logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None) -> jax.Array:
+    """L_load (App. A.2, Eq. 6), averaged over groups -> scalar float32. Arguments as ``selection_probability``."""
+    return jnp.mean(squared_coefficient_of_variation(load_per_expert(logits, noisy_logits, k, noise_std=noise_std)))
+
+
+class AuxLosses(NamedTuple):
+    """Scalars, float32, each averaged over groups: importance (L_imp), load (L_load), total = L_aux."""
+
+    importance: jax.Array
+    load: jax.Array
+    total: jax.Array
+
+
+def auxiliary_losses(
+    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None
+) -> AuxLosses:
+    """V-MoE's L_aux = 0.5 L_imp + 0.5 L_load (App. A.2, Eq. 7), with both parts, per group then averaged.
+
+    logits: (groups, tokens, experts) clean router logits; noisy_logits: the noisy ones of the forward pass;
+    k: experts per token; noise_std: sigma, None = 1/E. Multiply ``total`` by ``AUX_LOSS_WEIGHT`` (0.01).
+    """
+    importance = importance_loss(logits)
+    load = load_loss(logits, noisy_logits, k, noise_std=noise_std)
+    return AuxLosses(importance, load, 0.5 * importance + 0.5 * load)

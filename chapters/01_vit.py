@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from moe_course.configs import VIT_PRESETS, get_preset
-from moe_course.data import ClutteredDigits
+from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.layers import MultiHeadAttention
 from moe_course.models import ViT, patchify, vit_param_count
 from moe_course.train import TrainConfig, evaluate, train
@@ -248,18 +248,9 @@ show_patch_values(examples["image"], received, config.patch_size, titles=titles)
 # to patches overlapping the digit's box, against the share of patches those are.
 
 # %%
-def digit_patch_mask(boxes, image_size, patch):
-    """(batch, patches) True where a patch overlaps the digit's box."""
-    grid = np.arange(0, image_size, patch)
-    top, left, h, w = boxes.T[:, :, None]
-    rows = (grid[None] + patch > top) & (grid[None] < top + h)  # (batch, grid)
-    cols = (grid[None] + patch > left) & (grid[None] < left + w)
-    return (rows[:, :, None] & cols[:, None, :]).reshape(len(boxes), -1)
-
-
 test_batch = digits.get("test", np.arange(digits.split_size("test")))
 maps = result.model(jnp.asarray(test_batch["image"]), return_attention=True).attention
-on_digit = digit_patch_mask(test_batch["box"], config.image_size, config.patch_size)
+on_digit = patches_on_box(test_batch["box"], config.image_size, config.patch_size)
 for layer, layer_map in enumerate(maps):
     share = (np.asarray(layer_map.mean(axis=(1, 2))) * on_digit).sum(1).mean()
     print(f"block {layer}: {share:.0%} of the attention goes to the {on_digit.mean():.0%} of patches on the digit")

@@ -188,3 +188,13 @@ class ClutteredDigits:
         """The whole split as (images (n, S, S, 1), labels (n,)): small enough to hold in memory."""
         batch = self.get(split, np.arange(self.split_size(split)), epoch=epoch)
         return batch["image"], batch["label"]
+
+
+def patches_on_box(boxes: np.ndarray, image_size: int, patch_size: int) -> np.ndarray:
+    """(n, patches) bool, row-major patch order: True where a patch overlaps the box (top, left, height,
+    width) in pixels, e.g. a batch's ``box`` -- which patches hold the digit."""
+    grid = np.arange(0, image_size, patch_size)
+    top, left, h, w = np.asarray(boxes).T[:, :, None]
+    rows = (grid[None] + patch_size > top) & (grid[None] < top + h)  # (n, grid)
+    cols = (grid[None] + patch_size > left) & (grid[None] < left + w)
+    return (rows[:, :, None] & cols[:, None, :]).reshape(len(boxes), -1)

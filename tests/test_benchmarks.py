@@ -1,0 +1,59 @@
+"""The benchmark scripts run at tiny sizes and print their comparison tables (no timing is checked)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _run(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=BENCHMARKS.parent,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.startswith("device: "), result.stdout[:500]
+    return result.stdout
+
+
+def _row(out: str, header: str, first: str) -> list[str]:
+    """The fields of the row starting with ``first`` in the table below the line containing ``header``."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if header in line)
+    return next(line.split() for line in lines[start + 1:] if line.split()[:1] == [first])
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_attention_benchmark():
+    out = _run("attention.py", "--batch", "2", "--tokens", "4", "--repeats", "1")
+    assert "maps/fused" in out
+    row = _row(out, "maps/fused", "4")
+    assert len(row) == 4 and all(_is_number(field) for field in row)
+
+
+def test_moe_layer_benchmark():
+    # --max-onehot-gib small enough that the 256-token group of --quick takes the skip path, not the 64 one.
+    out = _run("moe_layer.py", "--quick", "--max-onehot-gib", "0.0003")
+    assert "moe/dense" in out and "einsum/gather ms" in out and "einsum/gather MiB" in out
+    layer = _row(out, "moe/dense", "8")
+    assert len(layer) == 7 and all(_is_number(field) for field in layer)
+    small = _row(out, "einsum/gather ms", "64")
+    assert len(small) == 8 and all(_is_number(field) for field in small)
+    large = _row(out, "einsum/gather ms", "256")
+    assert large[4] == "skipped" and "GiB one-hot" in " ".join(large)
+
+
+@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py"])
+def test_benchmark_help(script):
+    result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith("usage:")

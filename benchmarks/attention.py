@@ -10,7 +10,6 @@ import argparse
 import time
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from moe_course.layers.attention import MultiHeadAttention

@@ -114,14 +114,22 @@ print("tokens:", tokens.shape, "-> one group:", x.shape, f"| {E} experts, each a
 # %%
 experts = Experts(E, WIDTH, HIDDEN, rngs=nnx.Rngs(2))
 router = nnx.Linear(WIDTH, E, use_bias=False, rngs=nnx.Rngs(1))  # the router's W: (width, experts)
-W1, B1, W2, B2 = (np.asarray(getattr(experts, n)[...]) for n in ("fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias"))
 
 
-def expert_mlp(e, token):
+def expert_weights(module):
+    """The stacked expert weights of an ``Experts`` module as numpy arrays (W1, b1, W2, b2), expert axis first."""
+    return tuple(np.asarray(getattr(module, n)[...]) for n in ("fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias"))
+
+
+def expert_mlp(weights, e, token):
     """e_e(x) = W2_e gelu(W1_e x + b1_e) + b2_e for one token (width,), exact GELU, in numpy."""
-    h = token @ W1[e] + B1[e]
+    w1, b1, w2, b2 = weights
+    h = token @ w1[e] + b1[e]
     h = 0.5 * h * (1 + erf(h / np.sqrt(2)))
-    return h @ W2[e] + B2[e]
+    return h @ w2[e] + b2[e]
+
+
+weights_1 = expert_weights(experts)
 
 
 x_np = np.asarray(x[0])  # (tokens, width)
@@ -129,7 +137,7 @@ dense_gate = np.asarray(jax.nn.softmax(router(x)[0]))  # (tokens, experts), ever
 loop = np.zeros_like(x_np)
 for t in range(len(x_np)):
     for i in range(E):
-        loop[t] += dense_gate[t, i] * expert_mlp(i, x_np[t])
+        loop[t] += dense_gate[t, i] * expert_mlp(weights_1, i, x_np[t])
 
 all_tokens_everywhere = jnp.broadcast_to(x[:, None], (1, E, *x.shape[1:]))  # (groups, experts, tokens, width)
 every_expert_output = experts(all_tokens_everywhere)[0]  # (experts, tokens, width): E MLP runs per token
@@ -148,7 +156,8 @@ k = 2
 top = np.argsort(-dense_gate, axis=1, kind="stable")[:, :k]  # (tokens, k) the k experts with the largest gate
 sparse_gate = np.zeros_like(dense_gate)
 np.put_along_axis(sparse_gate, top, np.take_along_axis(dense_gate, top, 1), axis=1)
-only_k_run = np.stack([sum(dense_gate[t, e] * expert_mlp(e, x_np[t]) for e in top[t]) for t in range(len(x_np))])
+only_k_run = np.stack([sum(dense_gate[t, e] * expert_mlp(weights_1, e, x_np[t]) for e in top[t])
+                       for t in range(len(x_np))])  # only the k chosen experts run
 zeros_in_the_dense_sum = np.einsum("te,etd->td", sparse_gate, np.asarray(every_expert_output))
 print(f"sparse gate: {int((sparse_gate > 0).sum(1).max())} of {E} experts per token, "
       f"{k * x.shape[1]} MLP evaluations instead of {E * x.shape[1]}")
@@ -190,6 +199,7 @@ flipped = (noisy_top1 != clean_top1).mean()
 spread = np.asarray(logits).std(-1).mean()
 print(f"TOP-1 choice changed by the noise: {flipped:.0%} of decisions "
       f"(logit spread across experts {spread:.3f} vs noise std {1 / E:.3f})")
+assert flipped > 0.15  # more than the paper's early layers: an untrained router is easily swayed
 
 # %% [markdown]
 # **TOP_k after the softmax.** The gates are the selected softmax probabilities themselves: they are *not*
@@ -362,12 +372,13 @@ with warnings.catch_warnings():
             index, gates = np.asarray(route.expert_index), np.asarray(route.gates)
             for c in (0.1, 0.5, 1.0, 1.05, 2.0):
                 capacity = expert_capacity(k_, 12, c, E)
-                library = {
-                    "vanilla": (vanilla_allocation(route.expert_index, route.gates, capacity, E), algorithm_1_vanilla, {}),
-                    "bpr": (batch_prioritized_allocation(route.expert_index, route.gates, capacity, E), algorithm_2_bpr, {}),
+                choices = (route.expert_index, route.gates, capacity, E)
+                library = {  # name: (the library's allocation, the literal algorithm, its extra argument)
+                    "vanilla": (vanilla_allocation(*choices), algorithm_1_vanilla, {}),
+                    "bpr": (batch_prioritized_allocation(*choices), algorithm_2_bpr, {}),
                 }
                 for s in (0.25, 0.5, 0.8):
-                    allocation = skip_patch_allocation(route.expert_index, route.gates, capacity, E, keep_fraction=s)
+                    allocation = skip_patch_allocation(*choices, keep_fraction=s)
                     library[f"skip {s}"] = (allocation, algorithm_3_skip_patch, {"keep_fraction": s})
                 for name, (allocation, literal, extra) in library.items():
                     for g in range(3):
@@ -434,7 +445,8 @@ gate = np.asarray(route.gates[0, :, 0])
 expert = np.asarray(route.expert_index[0, :, 0])
 mass = {name: float((gate * np.asarray(a.served[0, :, 0])).sum()) for name, a in (("vanilla", vanilla), ("BPR", bpr))}
 on_digit = patches_on_box(batch["box"], vit_config.image_size, PATCH)  # (images, patches)
-print(f"B_e = {b_half}; served tokens per image, vanilla {served_vanilla.sum(1).tolist()}, BPR {served_bpr.sum(1).tolist()}")
+print(f"B_e = {b_half}; served tokens per image, vanilla {served_vanilla.sum(1).tolist()}, "
+      f"BPR {served_bpr.sum(1).tolist()}")
 print(f"served gate mass: vanilla {mass['vanilla']:.3f}, BPR {mass['BPR']:.3f}; share of served tokens on the "
       f"digit: vanilla {on_digit[served_vanilla].mean():.0%}, BPR {on_digit[served_bpr].mean():.0%} "
       f"(all tokens: {on_digit.mean():.0%})")
@@ -596,7 +608,8 @@ l_load = float(load_loss(table3_logits, table3_logits, 1))
 l_load_noisy = float(load_loss(table3_logits, noisy, 1))
 print(f"TOP-1 count per expert {np.bincount(selected, minlength=3).tolist()}; "
       f"importance {[round(float(v), 4) for v in importance]}; load {[round(float(v), 3) for v in load_clean]}")
-print(f"importance loss {l_imp:.2e}; load loss {l_load:.3f} (threshold without noise), {l_load_noisy:.3f} (with a noise draw)")
+print(f"importance loss {l_imp:.2e}; load loss {l_load:.3f} (threshold without noise), "
+      f"{l_load_noisy:.3f} (with a noise draw)")
 assert np.bincount(selected, minlength=3)[1] == 0
 assert l_imp < 1e-6 and l_load > 0.3 and l_load_noisy > 0.1
 
@@ -606,7 +619,7 @@ assert l_imp < 1e-6 and l_load > 0.3 and l_load_noisy > 0.1
 
 # %%
 load_gradient = np.asarray(jax.grad(lambda l: load_loss(l, l, 1))(table3_logits)[0])  # (tokens, experts)
-print("d L_load / d logit of the middle expert, per token:", np.round(load_gradient[:, 1], 3).tolist())
+print("d L_load / d logit of the middle expert, per token:", [round(float(v), 3) for v in load_gradient[:, 1]])
 assert (load_gradient[:, 1] < 0).all()
 
 # %% [markdown]
@@ -642,14 +655,15 @@ layer_tokens = vit.embed(jnp.asarray(eight["image"]))  # (8, 16, 64)
 layer = SparseMoE(WIDTH, HIDDEN, E, k=2, capacity_ratio=1.05, group_size=4, allocation="vanilla", rngs=nnx.Rngs(4))
 out = layer(layer_tokens)
 record = out.routing
-W1, B1, W2, B2 = (np.asarray(getattr(layer.experts, n)[...]) for n in ("fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias"))
+layer_weights = expert_weights(layer.experts)
 grouped = np.asarray(layer_tokens).reshape(2, 64, WIDTH)  # the layer's groups: 4 images after one another
 literal = np.zeros_like(grouped)
 for g in range(2):
     for t in range(64):
         for i in range(2):
             if record.served[g, t, i]:
-                literal[g, t] += float(record.gates[g, t, i]) * expert_mlp(int(record.expert_index[g, t, i]), grouped[g, t])
+                e = int(record.expert_index[g, t, i])
+                literal[g, t] += float(record.gates[g, t, i]) * expert_mlp(layer_weights, e, grouped[g, t])
 assert np.allclose(out.output, literal.reshape(8, 16, WIDTH), atol=1e-5)
 served = np.asarray(record.served)
 print(f"output {out.output.shape}; B_e = {record.capacity} slots per expert and group; "

@@ -26,14 +26,17 @@
 #    (the paper's Fig. 7);
 # 3. which patches BPR drops, drawn on real test images (Fig. 5), and a slider to move C yourself;
 # 4. how routing relates to the image class in an early and a late MoE layer (Fig. 8);
-# 5. changing k, the number of experts per token, on the trained model (App. E.4).
+# 5. changing k, the number of experts per token, on the trained model (App. E.4);
+# 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3) -- which, at our
+#    scale, we could not reproduce reliably.
 #
-# Both models train for one to two minutes each on two CPU cores. They are checkpointed under
+# The four models of this chapter train two at a time, about a minute and a half per pair on two CPU cores. They are checkpointed under
 # `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads them instead of training.
 
 # %%
 import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -43,7 +46,7 @@ from moe_course.configs import get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.models import vit_param_count, vmoe_param_count, with_routing
 from moe_course.routing import CapacityRoundingWarning
-from moe_course.routing_analysis import expert_class_weights, token_served
+from moe_course.routing_analysis import collect_routing, expert_class_weights, token_served
 from moe_course.train import TrainConfig, evaluate, train
 from moe_course.viz import show_dropped_patches, show_expert_class_heatmaps
 
@@ -69,35 +72,43 @@ digits = ClutteredDigits()
 # %%
 moe_config = get_preset("vmoe", "digits-tiny-moe")
 dense_config = get_preset("vit", "digits-tiny").replace(name="digits-tiny-mlp192", mlp_dim=192)
-CHAPTER_STEPS = 1200
-run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=128, learning_rate=1e-3, warmup_steps=100, log_every=50,
-                         eval_every=400, checkpoint_every=400)
+CHAPTER_STEPS = 1000
+run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=1e-3, warmup_steps=100, log_every=50,
+                         eval_every=CHAPTER_STEPS, checkpoint_every=CHAPTER_STEPS)
 print(f"dense: {vit_param_count(dense_config) / 1e3:.0f}k parameters; "
       f"V-MoE: {vmoe_param_count(moe_config) / 1e3:.0f}k parameters, of which each token uses about the same")
 
-# %%
-dense = train(dense_config, digits, run_config, workdir=os.path.join(WORKDIR, "chapter03-dense"))
-dense_test = evaluate(dense.model, digits, "test")
+# %% [markdown]
+# XLA runs these small models on little more than one CPU core, so we train the two side by side in two
+# threads (`train` is an ordinary function; each call has its own model, optimizer, data order and checkpoints).
 
 # %%
-moe = train(moe_config, digits, run_config, workdir=os.path.join(WORKDIR, "chapter03-vmoe"))
-moe_model = moe.model
-moe_test = evaluate(moe_model, digits, "test")
+def train_side_by_side(train_config, *runs):
+    """Train several (model config, workdir) pairs concurrently; returns their trained models."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        jobs = [pool.submit(train, config, digits, train_config, workdir=os.path.join(WORKDIR, workdir))
+                for config, workdir in runs]
+        return [job.result().model for job in jobs]
+
+
+dense_model, moe_model = train_side_by_side(run_config, (dense_config, "chapter03-dense"), (moe_config, "chapter03-vmoe"))
+dense_test, moe_test = evaluate(dense_model, digits, "test"), evaluate(moe_model, digits, "test")
 print(f"dense ViT (MLP 192): test accuracy {dense_test['accuracy']:.3f}, loss {dense_test['loss']:.3f}")
 print(f"V-MoE (E=8, k=2):    test accuracy {moe_test['accuracy']:.3f}, loss {moe_test['loss']:.3f}")
 
 # %% [markdown]
-# **Claim: both models learn the task; at this scale the experts buy no clear gain.** The paper's gains come
-# from JFT-300M, hundreds of millions of images that a dense model of the same cost cannot absorb. Our
-# training set has 1,040 source glyphs: there is little for eight experts to specialise in that one MLP
-# cannot learn, and the router has to learn too. When we wrote this chapter the two models ended within a
-# point of each other after 1,200 steps (V-MoE 0.876, dense 0.870 test accuracy; the numbers above are this
-# run's), and with the longer command-line recipe (2,500 steps) the dense `digits-tiny` reached 0.957 and
-# `digits-tiny-moe` 0.951. So we only assert that both models work and that the MoE is not far behind.
+# **Claim: after the same short training the V-MoE is clearly ahead of the dense model of equal compute per
+# token -- but at this scale the lead does not last.** When we wrote this chapter, 1,000 steps of 64 images
+# gave V-MoE 0.799 and dense 0.608 test accuracy (the numbers above are this run's): the experts speed up
+# learning, as the paper reports at every scale it tried. Trained longer, the dense model catches up: with
+# the command-line recipe (2,500 steps of 128 images) both `digits-tiny` and `digits-tiny-moe` reached 0.957
+# (test losses 0.132 and 0.125). The paper's lasting gains come from JFT-300M, hundreds of millions of images a dense model of the
+# same cost cannot absorb; our training set has 1,040 source glyphs, little for eight experts to divide
+# between them that one MLP cannot learn. So we assert the early lead we measure here, and that both learn.
 
 # %%
-assert dense_test["accuracy"] >= 0.8 and moe_test["accuracy"] >= 0.8, (dense_test, moe_test)
-assert moe_test["accuracy"] >= dense_test["accuracy"] - 0.05
+assert dense_test["accuracy"] >= 0.5 and moe_test["accuracy"] >= 0.65, (dense_test, moe_test)
+assert moe_test["accuracy"] >= dense_test["accuracy"] + 0.05, (dense_test, moe_test)
 
 # %% [markdown]
 # ## 2. When buffers are too small: vanilla routing versus BPR
@@ -108,6 +119,11 @@ assert moe_test["accuracy"] >= dense_test["accuracy"] - 0.05
 # (Algorithm 2) first sorts all tokens of the group by a priority score, the router's largest gate
 # `max_e g(x)_e`, and fills the buffers in that order, so the tokens the router is most sure about go first.
 # Routing is not a weight of the model: we change it on the trained V-MoE and evaluate again.
+#
+# One detail matters here: our test split is stored sorted by class, so consecutive images would form
+# routing groups of a single class, all wanting the same experts. `evaluate` therefore walks every split in
+# one fixed shuffled order, so that groups mix classes as the shuffled training batches did. (Evaluated in
+# stored order, this V-MoE loses about three points at C = 1.05 -- a trap for any class-sorted validation set.)
 
 # %%
 CAPACITIES = (1.05, 0.9, 0.75, 0.5, 0.35, 0.25, 0.1)
@@ -131,7 +147,9 @@ ax.legend();
 
 # %% [markdown]
 # **Claim (Fig. 7): BPR is at least as accurate as vanilla routing at every C below 1, and clearly ahead once
-# C drops below 0.5**, where with k = 2 the buffers cannot even hold every token's first choice.
+# C drops below 0.5**, where with k = 2 the buffers cannot even hold every token's first choice. Near full
+# capacity the two are within a few test images of each other (when we wrote this, vanilla was 0.006 ahead
+# at C = 1.05 and BPR one image ahead at C = 0.9): few tokens are dropped there, mostly second choices.
 
 # %%
 assert all(sweep["bpr", c] >= sweep["vanilla", c] for c in CAPACITIES if c < 1), sweep
@@ -152,31 +170,34 @@ examples = digits.get("test", np.arange(0, 1050, 131)[:8])
 kept = {}
 with_routing(moe_model, allocation="bpr")
 for c in (1.05, 0.5, 0.25, 0.1):
-    record = with_routing(moe_model, capacity_ratio=c)(examples["image"]).routing[0]
-    kept[f"C={c}"] = token_served(record, len(examples["image"]))
+    _, records = collect_routing(with_routing(moe_model, capacity_ratio=c), examples["image"])
+    kept[f"C={c}"] = token_served(records[0], len(examples["image"]))
 with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
 show_dropped_patches(examples["image"], kept, moe_config.patch_size);
 
 # %% [markdown]
 # Is BPR keeping the *digit*? Over the whole test split, compare the share of kept patches that overlap the
-# digit's box with the share of all patches that do, at C = 0.25 in the first MoE layer.
+# digit's box with the share of all patches that do, at C = 0.25 in the first MoE layer. (`collect_routing`
+# runs the model compiled, in batches, and returns every MoE layer's routing record.)
 
 # %%
-test = digits.get("test", np.arange(1048))  # 1,048 of the 1,050 test images: a multiple of the group size (8)
+# 1,048 of the 1,050 test images (a multiple of the group size, 8), shuffled: the split is sorted by class, and
+# routing groups of one class would overload that class's experts (training batches are shuffled too).
+test = digits.get("test", np.random.default_rng(0).permutation(1050)[:1048])
 on_digit = patches_on_box(test["box"], moe_config.image_size, moe_config.patch_size)
 
 
 def kept_patches(allocation, c, layer=0):
-    with_routing(moe_model, allocation=allocation, capacity_ratio=c)
-    out = [moe_model(test["image"][i:i + 512]).routing[layer] for i in range(0, 1048, 512)]
-    return np.concatenate([token_served(r, 512 if i < 2 else 24) for i, r in enumerate(out)])
+    _, records = collect_routing(with_routing(moe_model, allocation=allocation, capacity_ratio=c), test["image"])
+    return token_served(records[layer], len(test["image"]))
 
 
+share = {}
 for allocation in ("vanilla", "bpr"):
     kept_mask = kept_patches(allocation, 0.25)
-    share = (kept_mask & on_digit).sum() / kept_mask.sum()
-    print(f"{allocation:7s} C=0.25: {kept_mask.mean():.0%} of patches kept; {share:.0%} of the kept ones are on "
-          f"the digit (all patches: {on_digit.mean():.0%})")
+    share[allocation] = (kept_mask & on_digit).sum() / kept_mask.sum()
+    print(f"{allocation:7s} C=0.25: {kept_mask.mean():.0%} of patches kept; {share[allocation]:.0%} of the kept "
+          f"ones are on the digit (all patches: {on_digit.mean():.0%})")
 with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
 
 # %% [markdown]
@@ -184,9 +205,7 @@ with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
 # the router's confidence is a useful priority, without ever being told where the digit is.
 
 # %%
-bpr_kept = kept_patches("bpr", 0.25)
-assert (bpr_kept & on_digit).sum() / bpr_kept.sum() > on_digit.mean()
-with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
+assert share["bpr"] > on_digit.mean(), share
 
 # %% [markdown]
 # The slider redraws the dropped patches for any C (BPR, first MoE layer). It needs a live kernel; in a
@@ -194,9 +213,9 @@ with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
 
 # %%
 def draw_dropped(capacity_ratio=0.25):
-    with_routing(moe_model, allocation="bpr", capacity_ratio=capacity_ratio)
-    record = moe_model(examples["image"]).routing[0]
-    show_dropped_patches(examples["image"], {f"C={capacity_ratio:.2f}": token_served(record, 8)},
+    _, records = collect_routing(with_routing(moe_model, allocation="bpr", capacity_ratio=capacity_ratio),
+                                 examples["image"])
+    show_dropped_patches(examples["image"], {f"C={capacity_ratio:.2f}": token_served(records[0], 8)},
                          moe_config.patch_size)
     plt.show()
     with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
@@ -213,17 +232,11 @@ widgets.interact(draw_dropped, capacity_ratio=widgets.FloatSlider(value=0.25, mi
 # average profile (mean absolute difference, in units of routing weight).
 
 # %%
-with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
-outputs = [moe_model(test["image"][i:i + 512]) for i in range(0, 1048, 512)]
-tables, specialisation = [], []
-for layer, block in enumerate(moe_config.moe_blocks()):
-    per_batch = [expert_class_weights(o.routing[layer], test["label"][i * 512:(i + 1) * 512], 10)
-                 for i, o in enumerate(outputs)]
-    counts = [np.bincount(test["label"][i * 512:(i + 1) * 512], minlength=10)[:, None] for i in range(3)]
-    table = sum(t * n for t, n in zip(per_batch, counts)) / sum(counts)
-    tables.append(table)
-    specialisation.append(float(np.abs(table - table.mean(0)).mean()))
-    print(f"MoE layer in block {block}: class specialisation {specialisation[-1]:.4f}")
+_, records = collect_routing(with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05), test["image"])
+tables = [expert_class_weights(record, test["label"], 10) for record in records]
+specialisation = [float(np.abs(table - table.mean(0)).mean()) for table in tables]
+for block, value in zip(moe_config.moe_blocks(), specialisation):
+    print(f"MoE layer in block {block}: class specialisation {value:.4f}")
 show_expert_class_heatmaps(tables, [f"block {b}" for b in moe_config.moe_blocks()], digits.class_names);
 
 # %% [markdown]
@@ -248,14 +261,51 @@ with_routing(moe_model, k=2)
 # %% [markdown]
 # **Claim: dropping to k = 1 costs accuracy on a model trained with k = 2** (its second choices carried
 # part of the computation). Going up to k = 3 mixes in the experts the router ranked third, which were never
-# combined this way in training; the paper finds that a larger k at inference can still help, and when we
-# wrote this chapter it did here too (0.885 against 0.876), but we assert only the k = 1 loss.
+# combined this way in training; the paper finds that a larger k at inference can help, but when we wrote
+# this chapter it cost a little here (0.793 against 0.799), so we assert only the k = 1 loss.
 
 # %%
 assert by_k[1] < by_k[2], by_k
 
 # %% [markdown]
-# ## 6. Full scale
+# ## 6. Training with BPR at low capacity (App. C.3)
+#
+# So far BPR was an inference-time choice on a model trained with vanilla routing at C = 1.05. App. C.3 of the
+# paper trains from scratch with small buffers: at C well below 1 the MoE layers do a fraction of the work,
+# which saves training FLOPs, and models trained with BPR at such a C beat models trained with vanilla
+# routing at the same C by a wide margin (matching the dense model with about 80% of its training FLOPs).
+#
+# We train two more V-MoEs at C = 0.25 -- one with vanilla routing, one with BPR -- for 1,000 steps of 32
+# images, half the images of section 1 (the budget of this notebook), and evaluate each at that C with both
+# routing algorithms.
+
+# %%
+LOW_C = 0.25
+low_c_run = run_config.replace(batch_size=32)
+trained_at_low_c = dict(zip(("vanilla", "bpr"), train_side_by_side(low_c_run, *[
+    (moe_config.replace(name=f"digits-tiny-moe-{allocation}-c{LOW_C}", allocation=allocation, capacity_ratio=LOW_C),
+     f"chapter03-vmoe-{allocation}-c{LOW_C}") for allocation in ("vanilla", "bpr")])))
+low_c = {}
+for trained_with, model in trained_at_low_c.items():
+    for routed_with in ("vanilla", "bpr"):
+        low_c[trained_with, routed_with] = evaluate(with_routing(model, allocation=routed_with), digits)["accuracy"]
+        print(f"trained with {trained_with:7s} at C={LOW_C}, evaluated with {routed_with:7s}: "
+              f"test accuracy {low_c[trained_with, routed_with]:.3f}")
+
+# %% [markdown]
+# **What we measured, honestly: at this scale the App. C.3 result is not reliable.** In this run (and when we
+# wrote the chapter: 0.628 for BPR against 0.563 for vanilla) the BPR-trained model is ahead. But the same
+# experiment with other short budgets gave gaps of +0.02 (800 steps of 32 images), +0.01 (600 of 64), none
+# (400 of 64) and -0.01 at C = 0.1 (800 of 32): with models this far from converged, the gap is within
+# seed-to-seed noise. So we assert only that both low-capacity models learn; re-run it with more steps
+# (`moe-course train vmoe --preset digits-tiny-moe --allocation bpr --capacity-ratio 0.25 --workdir
+# runs/bpr-c0.25`, and the same with `vanilla`) to see more.
+
+# %%
+assert min(low_c.values()) >= 0.4, low_c
+
+# %% [markdown]
+# ## 7. Full scale
 #
 # The same code trains the paper's V-MoE models. The cell below trains V-MoE-S/32 with MoE layers in the last
 # two even blocks (Table 7: 166.7M parameters with the JFT head; here with a CIFAR-10 head) on CIFAR-10 at

@@ -46,18 +46,32 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--patch-size", type=int, default=None, help="override the preset's patch size (pixels)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_routing_args(train, "train with other settings than the preset's")
 
     evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True)
     _add_data_args(evaluate, DATASETS)
     evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
-    routing = evaluate.add_argument_group("routing (V-MoE runs): evaluate the trained model with other settings")
+    _add_routing_args(evaluate, "evaluate the trained model with other settings")
+    return parser
+
+
+def _add_routing_args(parser: argparse.ArgumentParser, purpose: str) -> None:
+    routing = parser.add_argument_group(f"routing (V-MoE runs): {purpose}")
     routing.add_argument("--allocation", default=None, choices=ALLOCATIONS,
                          help="vanilla (V-MoE App. C Alg. 1), bpr (Alg. 2), skip_patch (Alg. 3), experts_choice")
     routing.add_argument("--k", type=int, default=None, help="experts per token")
     routing.add_argument("--capacity-ratio", type=float, default=None, help="C in B_e = round(k*N*P*C/E)")
     routing.add_argument("--priority", default=None, choices=PRIORITIES, help="BPR score: max or sum of the gates")
-    return parser
+
+
+def _routing_overrides(args, model_name: str) -> dict:
+    """The routing options given on the command line; ValueError when they are given for a model without MoE."""
+    routing = {k: v for k, v in dict(allocation=args.allocation, k=args.k, capacity_ratio=args.capacity_ratio,
+                                     priority=args.priority).items() if v is not None}
+    if routing and model_name != "VMoE":
+        raise ValueError(f"--{next(iter(routing)).replace('_', '-')} applies to V-MoE models; this is a {model_name}")
+    return routing
 
 
 def _add_data_args(parser: argparse.ArgumentParser, datasets) -> None:
@@ -75,6 +89,7 @@ def _train(args) -> dict:
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
     model_config = model_config.replace(**shape)
+    model_config = model_config.replace(**_routing_overrides(args, "VMoE" if args.model == "vmoe" else "ViT"))
     overrides = {
         k: v
         for k, v in dict(
@@ -100,12 +115,8 @@ def _evaluate(args) -> dict:
     from moe_course.train.restore import load_run
 
     run = load_run(args.workdir)
-    routing = {k: v for k, v in dict(allocation=args.allocation, k=args.k, capacity_ratio=args.capacity_ratio,
-                                     priority=args.priority).items() if v is not None}
+    routing = _routing_overrides(args, "VMoE" if isinstance(run.model, VMoE) else type(run.model).__name__)
     if routing:
-        if not isinstance(run.model, VMoE):
-            raise ValueError(f"--{next(iter(routing)).replace('_', '-')} applies to V-MoE runs; "
-                             f"{args.workdir} holds a {type(run.model).__name__}")
         with_routing(run.model, **routing)
     dataset = load_dataset(args.dataset, args.data_dir, image_size=run.model_config.image_size)
     metrics = evaluate(run.model, dataset, args.split, batch_size=run.train_config.eval_batch_size)

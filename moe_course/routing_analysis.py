@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+import jax
 import numpy as np
+from flax import nnx
 
 
 def _per_image(array: np.ndarray, batch: int) -> np.ndarray:
@@ -40,3 +44,48 @@ def expert_class_weights(record, labels: np.ndarray, num_classes: int) -> np.nda
         if (labels == c).any():
             table[c] = per_image[labels == c].mean(0)
     return table
+
+
+_GROUP_FIELDS = ("expert_index", "gates", "served", "priority_rank", "expert_fill")  # leading axis: groups
+
+
+@lru_cache(maxsize=8)
+def _compiled_forward(graphdef: nnx.GraphDef):
+    @jax.jit
+    def forward(params, rest, images):
+        out = nnx.merge(graphdef, params, rest)(images, deterministic=True)
+        return out.logits, out.routing
+
+    return forward
+
+
+def collect_routing(model, images: np.ndarray, *, batch_size: int = 512) -> tuple[np.ndarray, list]:
+    """Run a V-MoE on ``images`` (n, S, S, C) at evaluation (no noise, no dropout), compiled, in batches.
+
+    Returns (logits (n, classes) float32, one RoutingRecord per MoE layer whose arrays are numpy and cover all
+    n images, groups in image order). Compiles once per routing setting: change the routing with
+    ``with_routing`` before calling. Raises ValueError when n or batch_size is not a positive multiple of the
+    model's group_size (images per routing group); the last batch is padded with whole blank groups, which are
+    routed on their own and then discarded.
+    """
+    images = np.asarray(images)
+    group = model.config.group_size
+    for name, value in (("number of images", len(images)), ("batch_size", batch_size)):
+        if value <= 0 or value % group:
+            raise ValueError(f"{name}={value} is not a positive multiple of the model's group_size={group}")
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    forward = _compiled_forward(graphdef)
+    logits, per_batch = [], []
+    for start in range(0, len(images), batch_size):
+        chunk = images[start:start + batch_size]
+        padded = np.concatenate([chunk, np.zeros((batch_size - len(chunk), *chunk.shape[1:]), chunk.dtype)])
+        out_logits, routing = jax.device_get(forward(params, rest, padded))
+        logits.append(out_logits[:len(chunk)])
+        per_batch.append([{f: getattr(r, f)[:len(chunk) // group] for f in _GROUP_FIELDS
+                           if getattr(r, f) is not None} for r in routing])
+    records = [
+        routing[layer]._replace(capacity=int(routing[layer].capacity),
+                                **{f: np.concatenate([b[layer][f] for b in per_batch]) for f in per_batch[0][layer]})
+        for layer in range(len(routing))
+    ]
+    return np.concatenate(logits), records

@@ -88,3 +88,13 @@ def test_bad_split_and_indices(small_digits):
         small_digits.get("valid", np.arange(2))
     with pytest.raises(ValueError, match="indices"):
         small_digits.get("test", np.array([small_digits.split_size("test")]))
+
+
+def test_eval_batches_in_a_fixed_shuffled_order(small_digits):
+    n = small_digits.split_size("test")
+    first = np.concatenate([b["label"] for b in eval_batches(small_digits, "test", 7, order_seed=0)])
+    again = np.concatenate([b["label"] for b in eval_batches(small_digits, "test", 7, order_seed=0)])
+    in_order = np.concatenate([b["label"] for b in eval_batches(small_digits, "test", 7)])
+    np.testing.assert_array_equal(first, again)
+    assert len(first) == n and not np.array_equal(first, in_order)
+    np.testing.assert_array_equal(np.sort(first), np.sort(in_order))

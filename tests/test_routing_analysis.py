@@ -35,3 +35,29 @@ def test_expert_class_weights_averages_gates_per_class():
     np.testing.assert_allclose(table[0], [0.75 / 3, 0.75 / 3, 0.75 / 3])
     np.testing.assert_allclose(table[2], 0.0)
     np.testing.assert_allclose(table.sum(1)[:2], [0.75, 0.75])
+
+
+def test_collect_routing_matches_the_eager_model_across_padded_batches():
+    import pytest
+    from flax import nnx
+
+    from moe_course.configs import get_preset
+    from moe_course.models import build_model, with_routing
+    from moe_course.routing_analysis import collect_routing
+
+    config = get_preset("vmoe", "digits-tiny-moe").replace(width=16, mlp_dim=16, heads=2, group_size=2)
+    model = with_routing(build_model(config, rngs=nnx.Rngs(0)), allocation="bpr", capacity_ratio=0.25)
+    images = np.random.default_rng(0).uniform(size=(10, 32, 32, 1)).astype(np.float32)
+    logits, records = collect_routing(model, images, batch_size=4)  # batches of 4, 4, 2 (+ one blank group)
+    eager = model(images, deterministic=True)
+    np.testing.assert_allclose(logits, eager.logits, atol=1e-5)
+    assert len(records) == len(eager.routing) == 2
+    for got, want in zip(records, eager.routing):
+        assert got.capacity == want.capacity and got.served.shape == (5, 32, 2)
+        for field in ("expert_index", "served", "priority_rank", "expert_fill"):
+            np.testing.assert_array_equal(getattr(got, field), getattr(want, field))
+        np.testing.assert_allclose(got.gates, want.gates, atol=1e-6)
+    with pytest.raises(ValueError, match="number of images=9 .* group_size=2"):
+        collect_routing(model, images[:9])
+    with pytest.raises(ValueError, match="batch_size=3"):
+        collect_routing(model, images, batch_size=3)

@@ -88,3 +88,21 @@ def test_cli_trains_vmoe_and_evaluates_with_other_routing(tmp_path, capsys):
     assert "allocation: bpr" in out and "capacity_ratio: 0.2" in out and "test_accuracy:" in out
     assert main(["evaluate", "--workdir", workdir, "--capacity-ratio", "0"]) == 2
     assert "capacity_ratio=0.0 is not allowed" in capsys.readouterr().err
+
+
+def test_cli_trains_vmoe_with_other_routing_and_refuses_it_for_dense(tmp_path, capsys):
+    from moe_course.train.restore import load_run
+
+    workdir = str(tmp_path / "bpr")
+    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--no-progress"]
+    assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--allocation", "bpr", "--capacity-ratio", "0.25",
+                 "--workdir", workdir, *common]) == 0
+    config = load_run(workdir).model_config
+    assert (config.allocation, config.capacity_ratio) == ("bpr", 0.25)
+    capsys.readouterr()
+    assert main(["train", "vit", "--preset", "digits-tiny", "--allocation", "bpr", "--workdir", str(tmp_path / "vit"),
+                 *common]) == 2
+    assert "--allocation applies to V-MoE models; this is a ViT" in capsys.readouterr().err
+    assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--k", "9", "--workdir", str(tmp_path / "k9"),
+                 *common]) == 2
+    assert "k=9" in capsys.readouterr().err

@@ -85,12 +85,15 @@ def train_batches(
             step += 1
 
 
-def eval_batches(dataset: ImageDataset, split: str, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
-    """Every example of ``split`` once, in index order, in batches of ``batch_size`` (the last may be smaller)."""
+def eval_batches(dataset: ImageDataset, split: str, batch_size: int, *,
+                 order_seed: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+    """Every example of ``split`` once, in batches of ``batch_size`` (the last may be smaller): in index order,
+    or with ``order_seed`` in a fixed shuffled order (a function of the seed only)."""
     check_split(dataset, split)
     n = dataset.split_size(split)
+    order = np.arange(n) if order_seed is None else np.random.default_rng([order_seed, 0xE7A1]).permutation(n)
     for start in range(0, n, batch_size):
-        yield dataset.get(split, np.arange(start, min(start + batch_size, n)))
+        yield dataset.get(split, order[start:start + batch_size])
 
 
 def class_balance(labels: np.ndarray, num_classes: int) -> np.ndarray:

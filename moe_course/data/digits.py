@@ -100,17 +100,37 @@ def _split_glyphs(labels: np.ndarray, glyphs_per_class: tuple[int, int, int], se
     return {s: np.concatenate(p) for s, p in parts.items()}
 
 
-def _draw_stroke(canvas: np.ndarray, rng: np.random.Generator, length_range: tuple[int, int],
-                 intensity: tuple[float, float]) -> None:
-    size = canvas.shape[0]
-    length = rng.integers(length_range[0], length_range[1] + 1)
+def _stroke_params(rng: np.random.Generator, size: int, length_range: tuple[int, int],
+                   intensity: tuple[float, float]) -> tuple[int, float, float, float, float, float]:
+    """One pen stroke's random draws: (length, y0, x0, angle, bend, brightness)."""
+    length = int(rng.integers(length_range[0], length_range[1] + 1))
     y0, x0 = rng.uniform(0, size, 2)
     angle = rng.uniform(0, np.pi)
     bend = rng.uniform(-0.15, 0.15)  # a slight curve, like a pen stroke
-    t = np.linspace(0.0, 1.0, 3 * length)
-    ys = np.clip(np.round(y0 + length * t * np.sin(angle + bend * t * length / 4)), 0, size - 1).astype(int)
-    xs = np.clip(np.round(x0 + length * t * np.cos(angle + bend * t * length / 4)), 0, size - 1).astype(int)
-    canvas[ys, xs] = np.maximum(canvas[ys, xs], rng.uniform(*intensity))
+    return length, y0, x0, angle, bend, rng.uniform(*intensity)
+
+
+def _draw_strokes(images: np.ndarray, rows: list[int], strokes: list[tuple]) -> None:
+    """Draw every stroke (row's canvas, params from ``_stroke_params``) into ``images`` (n, S, S) at once.
+
+    Each stroke is 3*length points along a slightly bent line, rounded to pixels; a pixel keeps the brightest
+    stroke over it. Vectorised over all strokes of the batch (a per-stroke loop made rendering the training
+    bottleneck on two cores).
+    """
+    if not strokes:
+        return
+    size = images.shape[1]
+    params = np.asarray(strokes, np.float64)
+    counts = 3 * params[:, 0].astype(np.int64)
+    stroke = np.repeat(np.arange(len(strokes)), counts)
+    index = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    t = index * np.repeat(1.0 / (counts - 1), counts)  # np.linspace(0, 1, 3*length) per stroke
+    t[np.cumsum(counts) - 1] = 1.0
+    length, y0, x0, angle, bend, value = (params[stroke, j] for j in range(6))
+    turn = angle + bend * t * length / 4
+    ys = np.clip(np.round(y0 + length * t * np.sin(turn)), 0, size - 1).astype(int)
+    xs = np.clip(np.round(x0 + length * t * np.cos(turn)), 0, size - 1).astype(int)
+    np.maximum.at(images, (np.asarray(rows)[stroke], ys, xs), value.astype(images.dtype))
 
 
 class ClutteredDigits:
@@ -168,20 +188,26 @@ class ClutteredDigits:
         labels = np.zeros((len(indices),), np.int32)
         boxes = np.zeros((len(indices), 4), np.int32)
         draw_epoch = epoch if split == "train" else 0
+        canvases = np.zeros((len(indices), size, size), np.float32)
+        noise = np.zeros_like(canvases)
+        rows, strokes, pastes = [], [], []
         for row, index in enumerate(indices):
             glyph = self._split_glyph_ids[split][index % n_glyphs]
             rng = np.random.default_rng([cfg.seed, _SPLIT_IDS[split], draw_epoch, int(index)])
-            canvas = np.zeros((size, size), np.float32)
             for _ in range(rng.integers(cfg.strokes[0], cfg.strokes[1] + 1)):
-                _draw_stroke(canvas, rng, cfg.stroke_length, cfg.stroke_intensity)
+                rows.append(row)
+                strokes.append(_stroke_params(rng, size, cfg.stroke_length, cfg.stroke_intensity))
             side = int(rng.integers(cfg.digit_size[0], cfg.digit_size[1] + 1))
             top, left = rng.integers(0, size - side + 1, 2)
-            window = canvas[top : top + side, left : left + side]
-            np.maximum(window, self._scaled[side][glyph], out=window)
-            canvas += rng.normal(0.0, cfg.noise, canvas.shape).astype(np.float32)
-            images[row, :, :, 0] = np.clip(canvas, 0.0, 1.0)
+            pastes.append((top, left, side, glyph))
+            noise[row] = rng.normal(0.0, cfg.noise, (size, size))
             labels[row] = self._labels[glyph]
             boxes[row] = (top, left, side, side)
+        _draw_strokes(canvases, rows, strokes)
+        for row, (top, left, side, glyph) in enumerate(pastes):
+            window = canvases[row, top : top + side, left : left + side]
+            np.maximum(window, self._scaled[side][glyph], out=window)
+        images[..., 0] = np.clip(canvases + noise, 0.0, 1.0)
         return {"image": images, "label": labels, "box": boxes}
 
     def arrays(self, split: str, *, epoch: int = 0) -> tuple[np.ndarray, np.ndarray]:

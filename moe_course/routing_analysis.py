@@ -46,9 +46,6 @@ def expert_class_weights(record, labels: np.ndarray, num_classes: int) -> np.nda
     return table
 
 
-_GROUP_FIELDS = ("expert_index", "gates", "served", "priority_rank", "expert_fill")  # leading axis: groups
-
-
 @lru_cache(maxsize=8)
 def _compiled_forward(graphdef: nnx.GraphDef):
     @jax.jit
@@ -75,17 +72,13 @@ def collect_routing(model, images: np.ndarray, *, batch_size: int = 512) -> tupl
             raise ValueError(f"{name}={value} is not a positive multiple of the model's group_size={group}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     forward = _compiled_forward(graphdef)
-    logits, per_batch = [], []
+    logits, records = [], []
     for start in range(0, len(images), batch_size):
         chunk = images[start:start + batch_size]
-        padded = np.concatenate([chunk, np.zeros((batch_size - len(chunk), *chunk.shape[1:]), chunk.dtype)])
+        padded = np.pad(chunk, [(0, batch_size - len(chunk))] + [(0, 0)] * (chunk.ndim - 1))
         out_logits, routing = jax.device_get(forward(params, rest, padded))
+        groups = len(chunk) // group
         logits.append(out_logits[:len(chunk)])
-        per_batch.append([{f: getattr(r, f)[:len(chunk) // group] for f in _GROUP_FIELDS
-                           if getattr(r, f) is not None} for r in routing])
-    records = [
-        routing[layer]._replace(capacity=int(routing[layer].capacity),
-                                **{f: np.concatenate([b[layer][f] for b in per_batch]) for f in per_batch[0][layer]})
-        for layer in range(len(routing))
-    ]
-    return np.concatenate(logits), records
+        records.append(jax.tree.map(lambda a: a[:groups] if a.ndim else a, routing))  # capacity is 0-d
+    merged = jax.tree.map(lambda *a: np.concatenate(a) if a[0].ndim else a[0], *records)
+    return np.concatenate(logits), [r._replace(capacity=int(r.capacity)) for r in merged]

@@ -1,12 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -63,12 +58,17 @@ sample = digits.get("test", np.arange(0, 1050, 66))
 show_images(sample["image"], sample["label"], boxes=sample["box"]);
 
 # %% [markdown]
-# Most of each canvas is background: the digit's box covers on average this fraction of the image, and
-# therefore of the patches:
+# Most *pixels* of a canvas are background: the digit's box covers about a third of the image. Patches are
+# coarser than pixels, though, and a patch that touches the box at all holds part of the digit, so the share
+# of patches on the digit is larger -- the coarser the patches, the larger. Over the whole test split:
 
 # %%
-box_area = (sample["box"][:, 2] * sample["box"][:, 3]).mean() / 32**2
-print(f"digit box: {box_area:.0%} of the canvas on average")
+test_boxes = digits.get("test", np.arange(digits.split_size("test")))["box"]
+box_area = (test_boxes[:, 2] * test_boxes[:, 3]).mean() / 32**2
+print(f"digit box: {box_area:.0%} of the canvas's pixels on average")
+for p in (4, 8):
+    print(f"{p}x{p} patches: {patches_on_box(test_boxes, 32, p).mean():.0%} of them overlap the digit's box")
+assert box_area < 0.5 and patches_on_box(test_boxes, 32, 4).mean() < patches_on_box(test_boxes, 32, 8).mean()
 
 # %% [markdown]
 # **Claim: this is not a trivial problem.** A logistic regression on the raw pixels -- a linear classifier,
@@ -203,8 +203,8 @@ for name in ("vit-s/32", "vit-b/32", "deit-ti/16", "deit-s/16", "digits-tiny"):
 # Why 8x8 patches and not 4x4? Cost. Attention compares every token with every other, and on a CPU the
 # small batched matrix products of attention dominate: on two cores one training step of this model at
 # batch 128 took 0.26 s with 64 tokens and 0.046 s with 16 (measured with the same code, side by side), so
-# in the same minutes the 16-token model takes more than five times as many steps. Later chapters
-# that draw which patches a router drops use 4x4 patches where the finer picture is worth the time. The command-line recipe
+# in the same minutes the 16-token model takes more than five times as many steps, so chapters 1-3 all use
+# 8x8 patches; chapter 6, whose router must keep a few of many tokens, needs the finer grid. The command-line recipe
 # (`moe-course train vit --preset digits-tiny`) trains the same model longer; see README.md for its measured
 # accuracy.
 
@@ -232,15 +232,19 @@ assert test["accuracy"] > linear_accuracy + 0.3
 #
 # For every patch, average the attention it *receives* in the last block -- over heads and over all query
 # tokens. This is exactly the routing score of attention-routed Mixture-of-Depths (A-MoD, Gadhikar et al.
-# 2024, Eq. 3-5) that chapter 6 builds on. Bright patches receive much attention:
+# 2024, Eq. 3-5) that chapter 6 builds on. Below, six test images of six different classes, each beside the
+# same image with that score laid over its patches (bright = much attention received; one colour scale for all).
 
 # %%
-examples = digits.get("test", np.arange(3, 1050, 175))
+test_labels = digits.get("test", np.arange(digits.split_size("test")))["label"]
+picks = [np.flatnonzero(test_labels == c)[10] for c in (0, 2, 3, 5, 7, 8)]  # the split is sorted by class
+examples = digits.get("test", np.array(picks))
 out = result.model(jnp.asarray(examples["image"]), return_attention=True)
 received = np.asarray(out.attention[-1].mean(axis=(1, 2)))  # (batch, tokens): mean over heads and queries
 predicted = np.asarray(out.logits.argmax(-1))
-titles = [f"{digits.class_names[p]} ({'ok' if p == y else 'wrong'})" for p, y in zip(predicted, examples["label"])]
-show_patch_values(examples["image"], received, config.patch_size, titles=titles);
+titles = [f"a {digits.class_names[y]}, predicted {digits.class_names[p]}" for p, y in zip(predicted, examples["label"])]
+show_patch_values(examples["image"], received, config.patch_size, titles=titles,
+                  label="attention received in the last block\n(mean over heads and query tokens)");
 
 # %% [markdown]
 # Is that more than a pretty picture? Measure it over the whole test split: the share of attention that goes
@@ -270,8 +274,11 @@ assert last_share > on_digit.mean()
 if FULL_SCALE:
     from moe_course.data import load_dataset
 
+    from moe_course.train import report_devices
+
     cifar = load_dataset("cifar10", os.environ["MOE_COURSE_DATA"], image_size=224)
     big = get_preset("vit", "vit-b/16").replace(num_classes=10, representation_size=None)
+    report_devices(big)  # prints the devices and warns if JAX sees only a CPU
     big_run = TrainConfig(steps=10_000, batch_size=512, learning_rate=8e-4, warmup_steps=500, weight_decay=0.1,
                           checkpoint_every=1000, eval_every=1000, log_every=100)
     workdir = os.path.join(os.environ.get("MOE_COURSE_WORKDIR", "runs"), "chapter01-vit-b16-cifar10")

@@ -1,12 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -41,7 +36,6 @@ import warnings
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
 from scipy.special import erf
@@ -76,6 +70,7 @@ from moe_course.routing import (
     top_k_routing,
     vanilla_allocation,
 )
+from moe_course.viz import show_dropped_patches
 
 started = time.perf_counter()
 print("JAX devices:", jax.devices())
@@ -397,38 +392,18 @@ assert groups_with_ties > 0
 # **Which tokens are dropped.** Back to our four real images, with `k = 1` and `C = 0.5`: each expert has 8
 # slots for 64 tokens, so at least half of the tokens must be dropped. Vanilla routing serves tokens
 # first come, first served -- the group is laid out image after image, so the *last* images lose most.
-# BPR serves the tokens with the most confident router first, wherever they are. White patches below are
-# dropped (as in V-MoE Fig. 5; the green box marks the digit):
+# BPR serves the tokens with the most confident router first, wherever they are. Dropped patches are tinted red
+# below (as in V-MoE Fig. 5; the green box marks the digit):
 
 # %%
 route = top_k_routing(logits, 1)
 b_half = expert_capacity(1, TOKENS, 0.5, E)
 vanilla = vanilla_allocation(route.expert_index, route.gates, b_half, E)
 bpr = batch_prioritized_allocation(route.expert_index, route.gates, b_half, E)
-PATCH, GRID = vit_config.patch_size, vit_config.image_size // vit_config.patch_size
-
-
-def show_dropped(images, boxes, served_rows, row_titles):
-    """images (n, H, W, 1); served_rows: one (n, patches) bool array per row; dropped patches drawn white."""
-    fig, axes = plt.subplots(len(served_rows), len(images), figsize=(1.7 * len(images), 1.8 * len(served_rows)))
-    for r, (served, title) in enumerate(zip(served_rows, row_titles)):
-        for i, ax in enumerate(axes[r]):
-            shown = images[i, ..., 0].copy()
-            drop = np.kron(~served[i].reshape(GRID, GRID), np.ones((PATCH, PATCH), bool))
-            shown[drop] = 1.0
-            ax.imshow(shown, cmap="gray", vmin=0, vmax=1)
-            top, left, h, w = boxes[i]
-            ax.add_patch(plt.Rectangle((left - 0.5, top - 0.5), w, h, fill=False, ec="tab:green", lw=1.2))
-            ax.set_xticks([]), ax.set_yticks([])
-            ax.set_title(f"image {i}: {served[i].sum()}/{served[i].size} served", fontsize=8)
-        axes[r, 0].set_ylabel(title, fontsize=9)
-    fig.tight_layout()
-    return fig
-
-
 served_vanilla = np.asarray(vanilla.served[0, :, 0]).reshape(4, -1)  # (images, patches)
 served_bpr = np.asarray(bpr.served[0, :, 0]).reshape(4, -1)
-show_dropped(batch["image"], batch["box"], [served_vanilla, served_bpr], ["vanilla", "BPR"]);
+show_dropped_patches(batch["image"], {"vanilla": served_vanilla, "BPR": served_bpr}, vit_config.patch_size,
+                     titles=[f"image {i} of the group" for i in range(4)], boxes=batch["box"], show_counts=True);
 
 # %% [markdown]
 # What the picture shows, checked: (a) both serve the same *number* of tokens -- each expert is filled to
@@ -444,7 +419,7 @@ show_dropped(batch["image"], batch["box"], [served_vanilla, served_bpr], ["vanil
 gate = np.asarray(route.gates[0, :, 0])
 expert = np.asarray(route.expert_index[0, :, 0])
 mass = {name: float((gate * np.asarray(a.served[0, :, 0])).sum()) for name, a in (("vanilla", vanilla), ("BPR", bpr))}
-on_digit = patches_on_box(batch["box"], vit_config.image_size, PATCH)  # (images, patches)
+on_digit = patches_on_box(batch["box"], vit_config.image_size, vit_config.patch_size)  # (images, patches)
 print(f"B_e = {b_half}; served tokens per image, vanilla {served_vanilla.sum(1).tolist()}, "
       f"BPR {served_bpr.sum(1).tolist()}")
 print(f"served gate mass: vanilla {mass['vanilla']:.3f}, BPR {mass['BPR']:.3f}; share of served tokens on the "

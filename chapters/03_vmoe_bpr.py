@@ -1,12 +1,7 @@
 # ---
 # jupyter:
-#   jupytext:
-#     formats: py:percent
-#     text_representation:
-#       extension: .py
-#       format_name: percent
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -41,10 +36,11 @@ from concurrent.futures import ThreadPoolExecutor
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
+from IPython.display import display
 
 from moe_course.configs import get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
-from moe_course.models import vit_param_count, vmoe_param_count, with_routing
+from moe_course.models import temporary_routing, vit_param_count, vmoe_param_count
 from moe_course.routing import CapacityRoundingWarning
 from moe_course.routing_analysis import collect_routing, expert_class_weights, token_served
 from moe_course.train import TrainConfig, evaluate, train
@@ -118,7 +114,9 @@ assert moe_test["accuracy"] >= dense_test["accuracy"] + 0.05, (dense_test, moe_t
 # in a group get in, the last ones are dropped whatever they contain. *Batch Prioritized Routing*
 # (Algorithm 2) first sorts all tokens of the group by a priority score, the router's largest gate
 # `max_e g(x)_e`, and fills the buffers in that order, so the tokens the router is most sure about go first.
-# Routing is not a weight of the model: we change it on the trained V-MoE and evaluate again.
+# Routing is not a weight of the model: we change it on the trained V-MoE and evaluate again
+# (`temporary_routing(model, ...)` changes every MoE layer for one `with` block and restores the trained
+# settings afterwards; `with_routing` changes them for good).
 #
 # One detail matters here: our test split is stored sorted by class, so consecutive images would form
 # routing groups of a single class, all wanting the same experts. `evaluate` therefore walks every split in
@@ -130,29 +128,35 @@ CAPACITIES = (1.05, 0.9, 0.75, 0.5, 0.35, 0.25, 0.1)
 sweep = {}
 for allocation in ("vanilla", "bpr"):
     for c in CAPACITIES:
-        with_routing(moe_model, allocation=allocation, capacity_ratio=c)
-        sweep[allocation, c] = evaluate(moe_model, digits, "test")["accuracy"]
-with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
+        with temporary_routing(moe_model, allocation=allocation, capacity_ratio=c):
+            sweep[allocation, c] = evaluate(moe_model, digits, "test")["accuracy"]
 for c in CAPACITIES:
     print(f"C = {c:4.2f}: vanilla {sweep['vanilla', c]:.3f}   BPR {sweep['bpr', c]:.3f}")
 
-fig, ax = plt.subplots(figsize=(4.5, 3))
-for allocation in ("vanilla", "bpr"):
-    ax.plot(CAPACITIES, [sweep[allocation, c] for c in CAPACITIES], "o-", label=allocation)
-ax.axhline(dense_test["accuracy"], color="grey", ls="--", label="dense (matched compute)")
-ax.set_xlabel("capacity ratio C at inference")
-ax.set_ylabel("test accuracy")
+fig, ax = plt.subplots(figsize=(5.5, 3.6))
+for allocation, label in (("vanilla", "vanilla routing (Alg. 1)"), ("bpr", "Batch Prioritized Routing (Alg. 2)")):
+    ax.plot(CAPACITIES, [sweep[allocation, c] for c in CAPACITIES], "o-", label=label)
+ax.set_title("One V-MoE (trained at C = 1.05), routed differently at test time", fontsize=10)
+ax.set_xlabel("capacity ratio C at inference (smaller = fewer tokens processed)")
+ax.set_ylabel("test accuracy (fraction correct)")
 ax.invert_xaxis()
-ax.legend();
+ax.grid(alpha=0.3)
+ax.legend(fontsize=8, loc="lower left")
+ax.annotate(f"dense ViT of equal compute at C = 1: {dense_test['accuracy']:.3f}\n(off this scale; at C < 1 the "
+            "V-MoE computes less than it)", xy=(0.98, 0.97), xycoords="axes fraction", ha="right", va="top",
+            fontsize=8, color="dimgrey");
 
 # %% [markdown]
-# **Claim (Fig. 7): BPR is at least as accurate as vanilla routing at every C below 1, and clearly ahead once
-# C drops below 0.5**, where with k = 2 the buffers cannot even hold every token's first choice. Near full
-# capacity the two are within a few test images of each other (when we wrote this, vanilla was 0.006 ahead
-# at C = 1.05 and BPR one image ahead at C = 0.9): few tokens are dropped there, mostly second choices.
+# **Claim (Fig. 7): BPR is clearly ahead of vanilla routing once C drops below 0.5**, where with k = 2 the
+# buffers cannot even hold every token's first choice, **and never clearly behind at larger C.** How large a
+# gap is "clear"? One accuracy on 1,050 test images carries a sampling noise of about
+# `sqrt(0.8 * 0.2 / 1050) = 0.012`, and the two routings differ on few images when few tokens are dropped: when
+# we wrote this, vanilla was 0.006 ahead at C = 1.05 and BPR 0.001 (one image) ahead at C = 0.9. So at
+# 0.5 <= C < 1 we assert only that BPR is not behind by more than 0.01 (about ten test images), and below 0.5
+# that it is ahead at every C, by at least 0.02 on average.
 
 # %%
-assert all(sweep["bpr", c] >= sweep["vanilla", c] for c in CAPACITIES if c < 1), sweep
+assert all(sweep["bpr", c] >= sweep["vanilla", c] - 0.01 for c in CAPACITIES if 0.5 <= c < 1), sweep
 low = [c for c in CAPACITIES if c < 0.5]
 assert all(sweep["bpr", c] > sweep["vanilla", c] for c in low), sweep
 assert np.mean([sweep["bpr", c] - sweep["vanilla", c] for c in low]) >= 0.02, sweep
@@ -161,19 +165,24 @@ assert np.mean([sweep["bpr", c] - sweep["vanilla", c] for c in low]) >= 0.02, sw
 # ## 3. Which patches does BPR drop?
 #
 # In the first MoE layer (block 1), a patch whose choices were all dropped skips the experts: only the
-# residual connection carries it on. Below, white patches are the dropped ones, for four test images at
-# several capacities (compare the paper's Fig. 5). Priority is computed over the whole group of 8 images, so
-# a busy image can lose patches to a quieter one.
+# residual connection carries it on. Below, eight test images (one routing group, eight different classes) at
+# several capacities under BPR, the dropped patches tinted red (compare the paper's Fig. 5). Priority is
+# computed over the whole group, so a busy image can lose patches to a quieter one.
 
 # %%
 examples = digits.get("test", np.arange(0, 1050, 131)[:8])
-kept = {}
-with_routing(moe_model, allocation="bpr")
-for c in (1.05, 0.5, 0.25, 0.1):
-    _, records = collect_routing(with_routing(moe_model, capacity_ratio=c), examples["image"])
-    kept[f"C={c}"] = token_served(records[0], len(examples["image"]))
-with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
-show_dropped_patches(examples["image"], kept, moe_config.patch_size);
+example_titles = [f"a {digits.class_names[y]}" for y in examples["label"]]
+
+
+def kept_in_first_moe_layer(images, allocation, c):
+    """(images, patches) bool: True where the patch was served by at least one expert in the first MoE layer."""
+    with temporary_routing(moe_model, allocation=allocation, capacity_ratio=c):
+        _, records = collect_routing(moe_model, images)
+    return token_served(records[0], len(images))
+
+
+kept = {f"C = {c}": kept_in_first_moe_layer(examples["image"], "bpr", c) for c in (1.05, 0.5, 0.25, 0.1)}
+show_dropped_patches(examples["image"], kept, moe_config.patch_size, titles=example_titles);
 
 # %% [markdown]
 # Is BPR keeping the *digit*? Over the whole test split, compare the share of kept patches that overlap the
@@ -187,18 +196,12 @@ test = digits.get("test", np.random.default_rng(0).permutation(1050)[:1048])
 on_digit = patches_on_box(test["box"], moe_config.image_size, moe_config.patch_size)
 
 
-def kept_patches(allocation, c, layer=0):
-    _, records = collect_routing(with_routing(moe_model, allocation=allocation, capacity_ratio=c), test["image"])
-    return token_served(records[layer], len(test["image"]))
-
-
 share = {}
 for allocation in ("vanilla", "bpr"):
-    kept_mask = kept_patches(allocation, 0.25)
+    kept_mask = kept_in_first_moe_layer(test["image"], allocation, 0.25)
     share[allocation] = (kept_mask & on_digit).sum() / kept_mask.sum()
     print(f"{allocation:7s} C=0.25: {kept_mask.mean():.0%} of patches kept; {share[allocation]:.0%} of the kept "
           f"ones are on the digit (all patches: {on_digit.mean():.0%})")
-with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
 
 # %% [markdown]
 # **Claim: under BPR the patches that get through are more often on the digit than patches in general** --
@@ -208,20 +211,23 @@ with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
 assert share["bpr"] > on_digit.mean(), share
 
 # %% [markdown]
-# The slider redraws the dropped patches for any C (BPR, first MoE layer). It needs a live kernel; in a
-# static rendering you see the default position.
+# The slider redraws the dropped patches for any C (BPR, first MoE layer). Moving it needs a live kernel; a
+# static copy of this notebook (a website, nbconvert, a notebook reopened without its kernel) shows the figure
+# at the slider's starting value, C = 0.25.
 
 # %%
-def draw_dropped(capacity_ratio=0.25):
-    _, records = collect_routing(with_routing(moe_model, allocation="bpr", capacity_ratio=capacity_ratio),
-                                 examples["image"])
-    show_dropped_patches(examples["image"], {f"C={capacity_ratio:.2f}": token_served(records[0], 8)},
-                         moe_config.patch_size)
-    plt.show()
-    with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05)
+def dropped_figure(capacity_ratio):
+    kept = {f"C = {capacity_ratio:.2f}": kept_in_first_moe_layer(examples["image"], "bpr", capacity_ratio)}
+    fig = show_dropped_patches(examples["image"], kept, moe_config.patch_size, titles=example_titles)
+    plt.close(fig)  # shown through the display handle below, not by the inline backend
+    return fig
 
 
-widgets.interact(draw_dropped, capacity_ratio=widgets.FloatSlider(value=0.25, min=0.05, max=1.5, step=0.05));
+slider = widgets.FloatSlider(value=0.25, min=0.05, max=1.5, step=0.05, description="C",
+                             continuous_update=False)
+display(slider)
+figure_handle = display(dropped_figure(slider.value), display_id=True)
+slider.observe(lambda change: figure_handle.update(dropped_figure(change["new"])), names="value")
 
 # %% [markdown]
 # ## 4. Do experts specialise by class?
@@ -232,12 +238,13 @@ widgets.interact(draw_dropped, capacity_ratio=widgets.FloatSlider(value=0.25, mi
 # average profile (mean absolute difference, in units of routing weight).
 
 # %%
-_, records = collect_routing(with_routing(moe_model, allocation="vanilla", capacity_ratio=1.05), test["image"])
+_, records = collect_routing(moe_model, test["image"])  # routed as trained: vanilla, C = 1.05
 tables = [expert_class_weights(record, test["label"], 10) for record in records]
 specialisation = [float(np.abs(table - table.mean(0)).mean()) for table in tables]
 for block, value in zip(moe_config.moe_blocks(), specialisation):
     print(f"MoE layer in block {block}: class specialisation {value:.4f}")
-show_expert_class_heatmaps(tables, [f"block {b}" for b in moe_config.moe_blocks()], digits.class_names);
+show_expert_class_heatmaps(tables, [f"MoE layer in block {b} (specialisation {v:.3f})" for b, v in
+                                    zip(moe_config.moe_blocks(), specialisation)], digits.class_names);
 
 # %% [markdown]
 # **Claim (Fig. 8): the later MoE layer's routing depends more on the class than the earlier one's.**
@@ -254,9 +261,9 @@ assert specialisation[-1] > specialisation[0], specialisation
 # %%
 by_k = {}
 for k in (1, 2, 3):
-    by_k[k] = evaluate(with_routing(moe_model, k=k, capacity_ratio=1.05), digits, "test")["accuracy"]
+    with temporary_routing(moe_model, k=k, capacity_ratio=1.05):
+        by_k[k] = evaluate(moe_model, digits, "test")["accuracy"]
     print(f"k = {k}: test accuracy {by_k[k]:.3f}")
-with_routing(moe_model, k=2)
 
 # %% [markdown]
 # **Claim: dropping to k = 1 costs accuracy on a model trained with k = 2** (its second choices carried
@@ -288,7 +295,8 @@ trained_at_low_c = dict(zip(("vanilla", "bpr"), train_side_by_side(low_c_run, *[
 low_c = {}
 for trained_with, model in trained_at_low_c.items():
     for routed_with in ("vanilla", "bpr"):
-        low_c[trained_with, routed_with] = evaluate(with_routing(model, allocation=routed_with), digits)["accuracy"]
+        with temporary_routing(model, allocation=routed_with):
+            low_c[trained_with, routed_with] = evaluate(model, digits)["accuracy"]
         print(f"trained with {trained_with:7s} at C={LOW_C}, evaluated with {routed_with:7s}: "
               f"test accuracy {low_c[trained_with, routed_with]:.3f}")
 
@@ -318,14 +326,17 @@ assert min(low_c.values()) >= 0.4, low_c
 if FULL_SCALE:
     from moe_course.data import load_dataset
 
+    from moe_course.train import report_devices
+
     cifar = load_dataset("cifar10", os.environ["MOE_COURSE_DATA"], image_size=224)
     big = get_preset("vmoe", "vmoe-s/32-last-2").replace(num_classes=10, representation_size=None, group_size=32)
+    report_devices(big)  # prints the devices and warns if JAX sees only a CPU
     big_run = TrainConfig(steps=10_000, batch_size=512, learning_rate=1e-3, warmup_steps=500, weight_decay=0.1,
                           checkpoint_every=1000, eval_every=1000, log_every=100)
     big_model = train(big, cifar, big_run, workdir=os.path.join(WORKDIR, "chapter03-vmoe-s32-cifar10")).model
     for allocation in ("vanilla", "bpr"):
         for c in (1.05, 0.5, 0.25, 0.1):
-            with_routing(big_model, allocation=allocation, capacity_ratio=c)
-            print(allocation, c, evaluate(big_model, cifar, "test")["accuracy"])
+            with temporary_routing(big_model, allocation=allocation, capacity_ratio=c):
+                print(allocation, c, evaluate(big_model, cifar, "test")["accuracy"])
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")

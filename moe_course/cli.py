@@ -83,7 +83,7 @@ def _train(args) -> dict:
     from moe_course.configs import get_preset
     from moe_course.data import load_dataset
     from moe_course.recipes import recipe_for
-    from moe_course.train import evaluate, train
+    from moe_course.train import evaluate, report_devices, train
 
     model_config = get_preset(args.model, args.preset)
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
@@ -102,6 +102,7 @@ def _train(args) -> dict:
     dataset = load_dataset(args.dataset, args.data_dir, image_size=model_config.image_size, seed=args.seed)
     model_config = model_config.replace(channels=dataset.image_shape[2], num_classes=dataset.num_classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+    report_devices(model_config)
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress)
     metrics = evaluate(result.model, dataset, "test", batch_size=train_config.eval_batch_size)
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),

@@ -1,4 +1,5 @@
-"""The install story stays consistent: environment.yml mirrors pyproject, README's test command is CI's."""
+"""The install story stays consistent: environment.yml mirrors pyproject, CI runs README's two commands, the
+accelerator extras name real JAX extras."""
 
 import re
 import tomllib
@@ -7,7 +8,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-MIRRORED_EXTRAS = ("lab", "test", "torch")
+MIRRORED_EXTRAS = ("lab", "test")  # torch is left out of environment.yml: see its header
 
 
 def _normalise(requirement: str) -> str:
@@ -25,11 +26,40 @@ def test_environment_yml_mirrors_pyproject():
     assert listed == expected, f"only in environment.yml: {listed - expected}; only in pyproject: {expected - listed}"
 
 
+def test_environment_yml_does_not_pull_torch():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    conda_section = [d for d in env["dependencies"] if isinstance(d, str)]
+    assert not [r for r in pip_section + conda_section if re.match(r"(py)?torch\b", r)]
+
+
+def _ci_lines() -> list[str]:
+    return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+
+
 def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text()
-    ci_lines = [l.strip() for l in (ROOT / ".ci" / "run").read_text().splitlines()]
     test_command = re.search(r"<!-- test-command -->\s*```(?:bash)?\n(.+?)\n```", readme, re.S).group(1).strip()
-    assert test_command in ci_lines
+    assert test_command in _ci_lines()
+
+
+def test_ci_installs_what_readme_command_1_installs():
+    readme = (ROOT / "README.md").read_text()
+    command_1 = re.search(r"```bash\n(python3 -m venv .+?)\n```", readme).group(1)
+    install = next(part.strip() for part in command_1.split("&&") if part.strip().startswith("pip install"))
+    assert install in _ci_lines(), f"README command 1 installs with {install!r}; .ci/run does not"
+
+
+def test_accelerator_extras_name_real_jax_extras():
+    """cuda12/cuda13/tpu ask for JAX's extra of that name, in the same version range as the core dependency."""
+    from importlib.metadata import metadata
+
+    jax_extras = set(metadata("jax").get_all("Provides-Extra"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core_range = next(r for r in project["dependencies"] if r.startswith("jax>")).removeprefix("jax")
+    for name in ("cuda12", "cuda13", "tpu"):
+        (requirement,) = project["optional-dependencies"][name]
+        assert requirement == f"jax[{name}]{core_range}" and name in jax_extras, (requirement, sorted(jax_extras))
 
 
 def test_console_script_is_declared():

@@ -9,7 +9,7 @@ from flax import nnx
 from moe_course.cli import main
 from moe_course.configs import get_preset
 from moe_course.configs.vmoe import VMOE_TABLE_7_PARAMS, VMoEConfig
-from moe_course.models import VMoE, build_model, vmoe_param_count, with_routing
+from moe_course.models import VMoE, build_model, temporary_routing, vmoe_param_count, with_routing
 from moe_course.train import TrainConfig, evaluate, train
 
 pytestmark = pytest.mark.filterwarnings("ignore::moe_course.routing.CapacityRoundingWarning")
@@ -59,6 +59,21 @@ def test_einsum_and_gather_models_agree_and_routing_changes_in_place():
     with pytest.raises(ValueError, match="capacity_ratio"):
         with_routing(model, capacity_ratio=-1.0)
     assert model.config.capacity_ratio == 0.1
+
+
+def test_temporary_routing_restores_the_previous_settings_even_after_an_error():
+    model = build_model(TINY, rngs=nnx.Rngs(0))
+    with temporary_routing(model, allocation="bpr", capacity_ratio=0.25) as routed:
+        assert routed is model and model.config.capacity_ratio == 0.25
+        assert all(layer.allocation == "bpr" for layer in model.moe_layers())
+    assert (model.config.allocation, model.config.capacity_ratio) == (TINY.allocation, TINY.capacity_ratio)
+    assert all(layer.capacity_ratio == TINY.capacity_ratio for layer in model.moe_layers())
+    with pytest.raises(RuntimeError), temporary_routing(model, k=1):
+        raise RuntimeError("inside the block")
+    assert model.config.k == TINY.k and all(layer.k == TINY.k for layer in model.moe_layers())
+    with pytest.raises(ValueError, match="capacity_ratio"), temporary_routing(model, capacity_ratio=-1.0):
+        pass
+    assert model.config.capacity_ratio == TINY.capacity_ratio
 
 
 def test_training_records_aux_loss_and_resumes(small_digits, tmp_path):

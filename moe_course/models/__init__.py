@@ -8,7 +8,7 @@ from moe_course.configs.vit import ViTConfig
 from moe_course.configs.vmoe import VMoEConfig
 from moe_course.models.output import ModelOutput
 from moe_course.models.vit import ViT, count_params, patchify, vit_param_count
-from moe_course.models.vmoe import VMoE, vmoe_param_count, with_routing
+from moe_course.models.vmoe import VMoE, temporary_routing, vmoe_param_count, with_routing
 
 _MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE}
 
@@ -21,5 +21,5 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
     return cls(config, rngs=rngs)
 
 
-__all__ = ["ModelOutput", "VMoE", "ViT", "build_model", "count_params", "patchify", "vit_param_count", "vmoe_param_count",
-           "with_routing"]
+__all__ = ["ModelOutput", "VMoE", "ViT", "build_model", "count_params", "patchify", "vit_param_count", "temporary_routing",
+           "vmoe_param_count", "with_routing"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 from flax import nnx
 
 from moe_course.configs.vmoe import VMoEConfig
@@ -51,6 +54,21 @@ def with_routing(model: VMoE, **settings) -> VMoE:
         for name, value in settings.items():
             setattr(layer, name, value)
     return model
+
+
+@contextlib.contextmanager
+def temporary_routing(model: VMoE, **settings) -> Iterator[VMoE]:
+    """``with temporary_routing(model, capacity_ratio=0.5): ...`` -- ``with_routing`` for the block only.
+
+    The settings the model had before are restored when the block ends, also after an error. Raises ValueError
+    as ``with_routing`` does, before anything is changed.
+    """
+    previous = {name: getattr(model.config, name, None) for name in settings}
+    with_routing(model, **settings)
+    try:
+        yield model
+    finally:
+        with_routing(model, **previous)
 
 
 def vmoe_param_count(config: VMoEConfig) -> int:

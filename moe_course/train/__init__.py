@@ -1,7 +1,8 @@
 """One training and evaluation loop for every model of the course."""
 
 from moe_course.train.config import TrainConfig
+from moe_course.train.devices import PaperScaleOnCPUWarning, report_devices
 from moe_course.train.evaluate import evaluate
 from moe_course.train.loop import TrainResult, train
 
-__all__ = ["TrainConfig", "TrainResult", "evaluate", "train"]
+__all__ = ["PaperScaleOnCPUWarning", "TrainConfig", "TrainResult", "evaluate", "report_devices", "train"]

@@ -133,8 +133,10 @@ def train(
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     batches = _prefetch(train_batches(dataset, config.batch_size, seed=config.seed, start_step=start_step))
     window: list[dict] = []
+    # smoothing=0: the rate shown is steps done / time elapsed. The default moving average swings wildly when
+    # steps arrive in bursts (asynchronous dispatch, or two runs trained side by side in threads).
     bar = tqdm(total=config.steps, initial=start_step, desc=f"train {model_config.name}", disable=not progress,
-               unit="step", dynamic_ncols=True)
+               unit="step", dynamic_ncols=True, smoothing=0)
 
     def due(every: int, step: int) -> bool:
         return step == config.steps or (every > 0 and step % every == 0)

@@ -6,6 +6,8 @@ from typing import Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.patches import Rectangle
 
 
@@ -43,22 +45,25 @@ def show_images(images: np.ndarray, labels: Sequence[int] | None = None, class_n
 
 
 def show_patch_values(images: np.ndarray, values: np.ndarray, patch_size: int, *, titles: Sequence[str] | None = None,
-                      cols: int = 6, cmap: str = "magma", alpha: float = 0.55):
-    """Each image (n, H, W, C) beside and under a heat map of one value per patch.
+                      cols: int = 6, cmap: str = "magma", alpha: float = 0.6, label: str = "value per patch"):
+    """Each image (n, H, W, C) beside a heat map of one value per patch laid over it.
 
-    values: (n, patches) in row-major patch order, e.g. the attention each patch receives. Colours are scaled
-    per image. Returns the matplotlib Figure.
+    values: (n, patches) in row-major patch order, e.g. the attention each patch receives. One colour scale is
+    shared by all images (so colours compare across panels) and drawn as a colour bar titled ``label``.
+    titles: one per image, written over its pair of panels. Returns the matplotlib Figure.
     """
     n, h, w, _ = images.shape
     grid = values.reshape(n, h // patch_size, w // patch_size)
     fig, axes = _grid(2 * n, cols)
     axes = list(axes)
+    norm = Normalize(vmin=float(values.min()), vmax=float(values.max()))
     for i in range(n):
         _show(axes[2 * i], images[i])
         _show(axes[2 * i + 1], images[i])
         heat = np.kron(grid[i], np.ones((patch_size, patch_size)))
-        axes[2 * i + 1].imshow(heat, cmap=cmap, alpha=alpha)
+        axes[2 * i + 1].imshow(heat, cmap=cmap, norm=norm, alpha=alpha)
         if titles is not None:
-            axes[2 * i].set_title(titles[i], fontsize=9)
+            axes[2 * i].set_title(titles[i], fontsize=9, loc="left")
     fig.tight_layout()
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, label=label, fraction=0.025, pad=0.02)
     return fig

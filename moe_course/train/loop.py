@@ -169,7 +169,10 @@ def train(
         batches.close()
         if checkpoints is not None:
             checkpoints.close()
+    seconds = time.perf_counter() - started
+    if progress and last > start_step:  # also a static record: a saved notebook shows progress bars at 0%
+        print(f"{model_config.name}: steps {start_step + 1}-{last} in {seconds:.0f} s, "
+              f"{(last - start_step) / seconds:.1f} steps/s (compilation and validation included)")
     return TrainResult(
-        model=nnx.merge(graphdef, params, rest), history=history, resumed_from=resumed_from,
-        seconds=time.perf_counter() - started,
+        model=nnx.merge(graphdef, params, rest), history=history, resumed_from=resumed_from, seconds=seconds,
     )

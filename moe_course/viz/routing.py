@@ -38,7 +38,7 @@ def show_expert_class_heatmaps(tables: Sequence[np.ndarray], titles: Sequence[st
                                class_names: Sequence[str] | None = None):
     """One heat map per MoE layer: rows = classes, columns = experts, colour = mean routing weight.
 
-    tables: (classes, experts) arrays, e.g. from ``moe_course.routing_analysis.expert_class_weights``.
+    tables: (classes, experts) arrays, e.g. from ``moe_course.analysis.routing.expert_class_weights``.
     Returns the matplotlib Figure.
     """
     fig, axes = plt.subplots(1, len(tables), figsize=(3.2 * len(tables), 3.0), squeeze=False)

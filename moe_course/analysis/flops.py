@@ -50,10 +50,15 @@ def sparse_moe_flops(config: VMoEConfig) -> int:
     return round(2 * t * d * e + slots * mlp_flops(1, d, config.mlp_dim) + 2 * t * choices * d)
 
 
+def soft_moe_layer_flops(tokens: int, width: int, hidden: int, slots: int) -> int:
+    """A Soft MoE layer on one image of ``tokens`` tokens with ``slots`` = n*p slots: logits ``X Phi``, slots
+    ``D^T X`` and output ``C Y~`` (3 * 2 T D S), and the experts' MLPs on the S slots (4 S D H); Eq. 1-3."""
+    return 3 * 2 * tokens * width * slots + mlp_flops(slots, width, hidden)
+
+
 def soft_moe_flops(config: SoftMoEConfig) -> int:
-    """One Soft MoE block's FLOPs per image: logits, D^T X, the experts on n*p slots and C Y~ (Eq. 1-3)."""
-    t, d, s = config.num_tokens, config.width, config.num_slots
-    return 3 * 2 * t * d * s + mlp_flops(s, d, config.mlp_dim)
+    """One Soft MoE block's FLOPs per image for ``config`` (``soft_moe_layer_flops`` of its sizes)."""
+    return soft_moe_layer_flops(config.num_tokens, config.width, config.mlp_dim, config.num_slots)
 
 
 def flops_breakdown(config: ViTConfig) -> dict[str, int]:

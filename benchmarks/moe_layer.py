@@ -13,7 +13,6 @@ Usage: python benchmarks/moe_layer.py [--experts 8 32] [--k 1 2] [--quick]
 
 from __future__ import annotations
 
-import argparse
 import warnings
 
 import jax
@@ -23,6 +22,7 @@ from moe_course.analysis.timing import best_ms
 from moe_course.layers.mlp import MLP
 from moe_course.layers.moe import SparseMoE
 from moe_course.routing import CapacityRoundingWarning, allocate, combine, dispatch, expert_capacity, top_k_routing
+from sizes import SizedParser
 
 # Sizes of the default run and of --quick (a smoke test); an option given on the command line wins.
 DEFAULTS = dict(batch=128, tokens=16, group_size=8, group_tokens=[256, 1024, 4096, 16384], repeats=5, rounds=3)
@@ -112,9 +112,8 @@ def _dispatch_table(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sizes = lambda name: f"(default {DEFAULTS[name]}; --quick: {QUICK[name]})"
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser = SizedParser(__doc__.splitlines()[0], DEFAULTS, QUICK)
+    sizes = parser.size
     parser.add_argument("--width", type=int, default=64, help="token width (also the dim of table 2)")
     parser.add_argument("--hidden", type=int, default=128, help="expert hidden size H; the dense MLP has k*H")
     parser.add_argument("--experts", type=int, nargs="+", default=[8],
@@ -136,9 +135,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int,
                         help=f"rounds of taking turns; each number is its fastest round {sizes('rounds')}")
     args = parser.parse_args()
-    for name, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
     if args.batch % args.group_size:
         parser.error(f"--batch {args.batch} is not a multiple of --group-size {args.group_size}")
     if args.k[0] > args.experts[0]:

@@ -15,8 +15,6 @@ Usage: python benchmarks/soft_moe.py [--batches 16 32 64 128] [--experts 8 32 12
 
 from __future__ import annotations
 
-import argparse
-
 import jax
 from flax import nnx
 
@@ -24,6 +22,7 @@ from moe_course.analysis.flops import mlp_flops, soft_moe_layer_flops
 from moe_course.analysis.timing import best_ms, expert_sweep, grad_step
 from moe_course.layers.mlp import MLP
 from moe_course.layers.soft_moe import SoftMoE
+from sizes import SizedParser
 
 DEFAULTS = dict(batches=[16, 32, 64, 128], tokens=197, width=384, hidden=1536, num_experts=128, experts=[8, 32, 128, 256],
                 sweep_batch=32, sweep_tokens=64, sweep_width=64, sweep_hidden=256, sweep_slots=256, repeats=3, rounds=2)
@@ -67,9 +66,7 @@ def _sweep_table(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sizes = lambda name: f"(default {DEFAULTS[name]}; --quick: {QUICK[name]})"
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser = SizedParser(__doc__.splitlines()[0], DEFAULTS, QUICK)
     for name, kind, nargs, text in [
         ("batches", int, "+", "images per batch of table 1"), ("tokens", int, None, "tokens per image, table 1"),
         ("width", int, None, "token width, table 1"), ("hidden", int, None, "expert hidden size, table 1"),
@@ -79,11 +76,8 @@ def main() -> None:
         ("sweep_slots", int, None, "slots per image (every E must divide it), table 2"),
         ("repeats", int, None, "timed calls per round"), ("rounds", int, None, "rounds of taking turns"),
     ]:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, nargs=nargs, help=f"{text} {sizes(name)}")
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, nargs=nargs, help=f"{text} {parser.size(name)}")
     args = parser.parse_args()
-    for name, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
     bad = [e for e in args.experts if args.sweep_slots % e]
     if bad:
         parser.error(f"--experts {bad} do not divide --sweep-slots {args.sweep_slots}")

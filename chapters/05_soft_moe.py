@@ -151,9 +151,11 @@ out = forward(layer, tokens)
 tokens_choice_config = soft_config.replace(router="sparse", k=1, capacity_ratio=1.0, allocation="vanilla",
                                            group_size=8)
 experts_choice_config = tokens_choice_config.replace(allocation="experts_choice")
+fresh_sparse = {name: build_model(config, rngs=nnx.Rngs(0))
+                for name, config in (("Tokens Choice", tokens_choice_config), ("Experts Choice", experts_choice_config))}
 dropped = {}
-for name, config in (("Tokens Choice", tokens_choice_config), ("Experts Choice", experts_choice_config)):
-    record = forward(build_model(config, rngs=nnx.Rngs(0)), jnp.asarray(examples["image"])).routing[0]
+for name, model in fresh_sparse.items():
+    record = forward(model, jnp.asarray(examples["image"])).routing[0]
     dropped[name] = 1 - float(np.asarray(record.served).any(-1).mean())
 soft_reach = np.asarray(out.routing.combine_weights).sum(-1)
 print(f"Soft MoE: combine weights per token sum to {soft_reach.min():.4f}..{soft_reach.max():.4f}; "
@@ -167,7 +169,8 @@ assert dropped["Tokens Choice"] > 0 and dropped["Experts Choice"] > 0
 # **An image's output does not depend on the batch.** Soft MoE routes each image on its own. Tokens Choice
 # routes groups of images together (here 8, as in chapter 3), so the tokens of one image compete for buffer
 # space with the others: keep the last image of a group, change the seven before it, and its logits change.
-# (Vanilla routing fills the buffers image by image, so the last image is the one that finds them full.) We give both
+# (Vanilla routing fills the buffers image by image, so the last image is the one that finds them full.)
+# We use the two fresh models from above. We give both
 # fresh models a random head, because the head starts at zero and all logits would be 0.
 
 # %%
@@ -179,8 +182,8 @@ def with_random_head(model):
 batch = jnp.asarray(examples["image"])
 other = batch.at[:7].set(jnp.asarray(digits.get("test", np.arange(1, 8))["image"]))  # same image 7, new partners
 change = {}
-for name, config in (("Soft MoE", soft_config), ("Tokens Choice", tokens_choice_config)):
-    model = with_random_head(build_model(config, rngs=nnx.Rngs(0)))
+for name, model in (("Soft MoE", fresh), ("Tokens Choice", fresh_sparse["Tokens Choice"])):
+    model = with_random_head(model)
     change[name] = float(np.abs(forward(model, batch).logits[7] - forward(model, other).logits[7]).max())
     print(f"{name}: image 7's logits change by at most {change[name]:.2e} when the other 7 images change")
 assert change["Soft MoE"] < 1e-5 and change["Tokens Choice"] > 1e-3
@@ -222,8 +225,8 @@ assert all(0.95 < flops[name] / flops["dense"] < 1.1 for name in configs), flops
 # schedule for all.
 
 # %%
-CHAPTER_STEPS = 400
-run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=2e-3, warmup_steps=50, log_every=50,
+CHAPTER_STEPS = 1000
+run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=32, learning_rate=1e-3, warmup_steps=100, log_every=50,
                          eval_every=0, checkpoint_every=CHAPTER_STEPS, eval_batch_size=512)
 
 

@@ -30,7 +30,7 @@
 # 5. what slots look at, drawn on real digits (Fig. 10);
 # 6. what goes wrong with too few slots, and why Soft MoE does not fit causal decoders.
 #
-# The four models train side by side in about a minute on two CPU cores and are checkpointed under
+# The four models train side by side in one to two minutes on two idle CPU cores and are checkpointed under
 # `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads them instead of training.
 
 # %%
@@ -254,15 +254,20 @@ ax.set_title(f"Cost vs accuracy after {CHAPTER_STEPS} steps (Fig. 3 at toy scale
 ax.legend(fontsize=8);
 
 # %% [markdown]
-# **What we measured.** The claim we check: all four learn, and Soft MoE is at least as accurate as both
-# sparse routers at the same cost -- the direction of the paper's Fig. 3. See the assertion below for how
-# much of that holds here. We do not claim Soft MoE beats the dense model: at 16 tokens, 16 slots and 1,040
-# source glyphs there is little for 16 experts to specialise on, and in the paper the gap over dense ViTs
-# comes from JFT-4B pre-training at hundreds of millions of images.
+# **What we measured, honestly: the paper's Fig. 3 does not reproduce at this scale.** All four models learn
+# (chance is 0.10), but after 1,000 steps of 32 images Tokens Choice is far ahead of the other three, and Soft
+# MoE is no better than the dense model (when we wrote this: Tokens Choice 0.554, Experts Choice 0.298, dense
+# and Soft MoE 0.257 each; the numbers above are this run's). Part of the reason is measurable: the logits of
+# a Soft MoE layer are a cosine similarity times the learned `scale`, which starts at 1, so at first every
+# slot is close to the plain average of the 16 tokens and every token reads back nearly the same mixture.
+# The scale has to grow before slots can single out patches, and 1,000 small steps do not grow it much (see
+# section 5). In the paper the models train for 300k steps on JFT-4B; the learned scale and the slots' focus
+# have time to develop there, not here. What we assert is what we measured: all learn, and Tokens Choice
+# leads by a wide margin at this budget.
 
 # %%
-assert min(test.values()) >= 0.4, test
-assert test["Soft MoE"] >= max(test["Tokens Choice"], test["Experts Choice"]) - 0.01, test
+assert min(test.values()) >= 0.2, test
+assert test["Tokens Choice"] >= max(test[name] for name in test if name != "Tokens Choice") + 0.1, test
 
 # %% [markdown]
 # ## 4. Cost as the number of experts grows (Fig. 6, right)
@@ -294,21 +299,26 @@ ax.set_title("Step time vs experts at fixed slots")
 ax.legend(fontsize=8);
 
 # %% [markdown]
-# **Claim: Tokens Choice grows clearly with E and Soft MoE grows less.** (The paper measures at most a few
-# percent for Soft MoE up to 4,096 experts on TPUs, and 3.9x for Tokens Choice.) On a CPU, Soft MoE is not
-# perfectly flat either: with one slot per expert, each expert matrix serves only `batch` rows, so reading
-# E experts' weights starts to matter -- the same effect `benchmarks/soft_moe.py` measures at ViT-S/16 sizes
-# (Soft MoE is close to a dense MLP of equal FLOPs at 128 images per batch, several times slower at 16).
+# **Claim (Fig. 6, right): Soft MoE's step time stays nearly flat as E grows 32-fold, Tokens Choice's grows.**
+# When we wrote this: Soft MoE 0.90x, Tokens Choice 2.12x from E = 8 to 256 (the paper: Soft MoE roughly
+# constant up to 4,096 experts on TPUs, Tokens Choice up to 3.9x). Two caveats of our setting: the expert
+# hidden size is tiny, which makes the d x E router a large share of Tokens Choice's work; and with one slot
+# per expert each expert matrix serves only `batch` rows, so at large E both layers start to pay for reading
+# the E experts' weights -- `benchmarks/soft_moe.py` shows this at ViT-S/16 sizes (Soft MoE close to a dense
+# MLP of equal FLOPs at 128 images per batch, several times slower at 16), and a sweep with hidden size 256
+# there is not flat for either router.
 
 # %%
-assert growth["tokens_choice"] > 1.2 and growth["soft"] < growth["tokens_choice"], growth
+assert growth["soft"] <= 1.3 and growth["tokens_choice"] >= 1.5, growth
+assert growth["tokens_choice"] >= 1.4 * growth["soft"], growth
 
 # %% [markdown]
 # ## 5. What a slot looks at (Fig. 10)
 #
 # Each slot's dispatch weights form a map over the image's patches. Below, for the trained Soft MoE, the first
-# MoE layer (block 2): four slots on four test digits. The colour is the share of the slot that each patch
-# contributes (a column of D, in %; 16 patches, so a uniform slot would show 6.25% everywhere).
+# MoE layer (block 2): the four most selective of its 16 slots on four test digits. The colour is the share
+# of the slot that each patch contributes (a column of D, in %; 16 patches, so a uniform slot would show
+# 6.25% everywhere).
 
 # %%
 soft_model = models["Soft MoE"]
@@ -321,13 +331,16 @@ show_slot_weights(examples["image"][:4], weights, soft_config.patch_size, shown_
 print("largest patch share per slot (mean over images), %:", (100 * np.sort(spread)[::-1]).round(1))
 
 # %% [markdown]
-# **Claim: training makes slots selective.** After training, the most selective slots put several times the
-# uniform 6.25% on their favourite patch, and they pick different patches in different images (they follow
-# the content, not fixed positions).
+# **What the pictures show: after this short training the slots are only mildly selective.** Their favourite
+# patch gets at most about 1.5 times the uniform 6.25% (the paper's Fig. 10 shows slots concentrated on a few
+# patches of a trained S/16), because the learned scale has barely moved from 1. Still, the slots follow the
+# content: a slot's favourite patch changes from image to image.
 
 # %%
 top_patch = weights[..., shown_slots].argmax(axis=1)  # (images, slots)
-assert spread.max() > 2 * (1 / 16), spread
+scales = [float(moe.scale[...]) for moe in soft_model.moe_layers()]
+print("learned scale of the two Soft MoE layers:", np.round(scales, 3))
+assert spread.max() < 2 * (1 / 16) and max(abs(v) for v in scales) < 3, (spread, scales)
 assert any(len(set(top_patch[:, s])) > 1 for s in range(len(shown_slots))), top_patch
 
 # %% [markdown]

@@ -24,7 +24,8 @@ from moe_course.layers.mlp import MLP
 from moe_course.layers.soft_moe import SoftMoE
 from sizes import SizedParser
 
-DEFAULTS = dict(batches=[16, 32, 64, 128], tokens=197, width=384, hidden=1536, num_experts=128, experts=[8, 32, 128, 256],
+DEFAULTS = dict(batches=[16, 32, 64, 128], tokens=197, width=384, hidden=1536, num_experts=128,
+                experts=[8, 32, 128, 256],
                 sweep_batch=32, sweep_tokens=64, sweep_width=64, sweep_hidden=256, sweep_slots=256, repeats=3, rounds=2)
 QUICK = dict(batches=[2, 4], tokens=8, width=16, hidden=32, num_experts=8, experts=[2, 8], sweep_batch=2,
              sweep_tokens=8, sweep_width=16, sweep_hidden=32, sweep_slots=8, repeats=1, rounds=1)

@@ -151,8 +151,8 @@ out = forward(layer, tokens)
 tokens_choice_config = soft_config.replace(router="sparse", k=1, capacity_ratio=1.0, allocation="vanilla",
                                            group_size=8)
 experts_choice_config = tokens_choice_config.replace(allocation="experts_choice")
-fresh_sparse = {name: build_model(config, rngs=nnx.Rngs(0))
-                for name, config in (("Tokens Choice", tokens_choice_config), ("Experts Choice", experts_choice_config))}
+sparse_configs = {"Tokens Choice": tokens_choice_config, "Experts Choice": experts_choice_config}
+fresh_sparse = {name: build_model(config, rngs=nnx.Rngs(0)) for name, config in sparse_configs.items()}
 dropped = {}
 for name, model in fresh_sparse.items():
     record = forward(model, jnp.asarray(examples["image"])).routing[0]
@@ -221,8 +221,8 @@ assert all(0.95 < flops[name] / flops["dense"] < 1.1 for name in configs), flops
 
 # %% [markdown]
 # Matched within 10%: Soft MoE pays a few percent more for its three routing products, the sparse routers
-# about 1% for theirs (the printed ratios). We train the four side by side (XLA uses little more than one core for models this small), with one
-# schedule for all.
+# about 1% for theirs (the printed ratios). We train the four side by side (XLA uses little more than one
+# core for models this small), with one schedule for all.
 
 # %%
 CHAPTER_STEPS = 1000
@@ -381,7 +381,8 @@ def dependence_on_last_token(soft_layer, dense_mlp, x):
 
 
 future, future_dense = dependence_on_last_token(layer, fresh.blocks[0].mlp, tokens[:1])
-print(f"|d y_0 / d x_15|: Soft MoE {float(jnp.abs(future).max()):.2e}, dense MLP {float(jnp.abs(future_dense).max()):.2e}")
+print(f"|d y_0 / d x_15|: Soft MoE {float(jnp.abs(future).max()):.2e}, "
+      f"dense MLP {float(jnp.abs(future_dense).max()):.2e}")
 assert float(jnp.abs(future).max()) > 1e-4 and float(jnp.abs(future_dense).max()) == 0.0
 
 # %% [markdown]
@@ -414,7 +415,8 @@ if FULL_SCALE:
     big_train = TrainConfig(steps=10_000, batch_size=512, learning_rate=1e-3, warmup_steps=500, weight_decay=0.1,
                             checkpoint_every=1000, eval_every=1000, log_every=100)
     for name, config in big_runs.items():
-        model = train(config, cifar, big_train, workdir=os.path.join(WORKDIR, "chapter05-" + config.name.replace("/", "-"))).model
+        workdir = os.path.join(WORKDIR, "chapter05-" + config.name.replace("/", "-"))
+        model = train(config, cifar, big_train, workdir=workdir).model
         print(name, flops_per_image(config) / 1e9, "GFLOPs", evaluate(model, cifar, "test")["accuracy"])
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")

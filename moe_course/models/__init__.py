@@ -23,5 +23,5 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
     return cls(config, rngs=rngs)
 
 
-__all__ = ["ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model", "count_params", "patchify", "soft_moe_param_count",
-           "vit_param_count", "vmoe_param_count", "with_routing"]
+__all__ = ["ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model", "count_params", "patchify",
+           "soft_moe_param_count", "vit_param_count", "vmoe_param_count", "with_routing"]

@@ -67,13 +67,17 @@ def soft_logits(x: jax.Array, phi: jax.Array, scale: jax.Array | float = 1.0) ->
 
 
 def soft_dispatch_weights(logits: jax.Array) -> jax.Array:
-    """D = softmax over the tokens (axis 1), per group and slot (Eq. 1): (groups, tokens, slots), D[g, :, j] sums to 1."""
+    """D = softmax over the tokens (axis 1), per group and slot (Eq. 1).
+
+    logits: (groups, tokens, slots) -> (groups, tokens, slots) float; D[g, :, j] sums to 1."""
     check_ndim("logits", logits, 3, "(groups, tokens, slots)")
     return jax.nn.softmax(logits, axis=1)
 
 
 def soft_combine_weights(logits: jax.Array) -> jax.Array:
-    """C = softmax over all slots (axis 2), per group and token (Eq. 3): (groups, tokens, slots), C[g, t, :] sums to 1."""
+    """C = softmax over all slots (axis 2), per group and token (Eq. 3).
+
+    logits: (groups, tokens, slots) -> (groups, tokens, slots) float; C[g, t, :] sums to 1."""
     check_ndim("logits", logits, 3, "(groups, tokens, slots)")
     return jax.nn.softmax(logits, axis=2)
 

@@ -278,11 +278,12 @@ assert test["Tokens Choice"] >= max(test[name] for name in test if name != "Toke
 # token), the top-k and the buffer bookkeeping; for Soft MoE nothing but the size of the weight tensors, its
 # routing products depend on the slots only. We time one forward+backward of each layer for E = 8 ... 256,
 # the two layers of each E in turn (the machine may be shared: ratios taken in one run are what counts).
-# Small width (64) and expert hidden size (32) make the routers' share visible at this size.
+# Images of 128 tokens, width 64 and a small expert hidden size (32) make the routers' share visible at this
+# size (and make Soft MoE's fixed routing products, 6 x 128 x 64 x 256 FLOPs per image, its main cost).
 
 # %%
 EXPERTS = [8, 64, 256]
-times = expert_sweep(EXPERTS, batch=16, tokens=64, width=64, hidden=32, slots=256, repeats=3, rounds=2)
+times = expert_sweep(EXPERTS, batch=16, tokens=128, width=64, hidden=32, slots=256, repeats=3, rounds=2)
 growth = {name: times[name][EXPERTS[-1]] / times[name][EXPERTS[0]] for name in times}
 for e in EXPERTS:
     print(f"E = {e:3d}: Soft MoE {times['soft'][e]:6.2f} ms   Tokens Choice {times['tokens_choice'][e]:6.2f} ms")
@@ -300,8 +301,9 @@ ax.legend(fontsize=8);
 
 # %% [markdown]
 # **Claim (Fig. 6, right): Soft MoE's step time stays nearly flat as E grows 32-fold, Tokens Choice's grows.**
-# When we wrote this: Soft MoE 0.90x, Tokens Choice 2.12x from E = 8 to 256 (the paper: Soft MoE roughly
-# constant up to 4,096 experts on TPUs, Tokens Choice up to 3.9x). Two caveats of our setting: the expert
+# When we wrote this, two runs gave Soft MoE 0.92x and 1.08x, Tokens Choice 2.58x and 3.22x from E = 8 to 256
+# (the paper: Soft MoE roughly constant up to 4,096 experts on TPUs, Tokens Choice up to 3.9x). In absolute
+# terms Soft MoE is the slower layer here: its three routing products cost more than these tiny experts. Two caveats of our setting: the expert
 # hidden size is tiny, which makes the d x E router a large share of Tokens Choice's work; and with one slot
 # per expert each expert matrix serves only `batch` rows, so at large E both layers start to pay for reading
 # the E experts' weights -- `benchmarks/soft_moe.py` shows this at ViT-S/16 sizes (Soft MoE close to a dense
@@ -309,8 +311,8 @@ ax.legend(fontsize=8);
 # there is not flat for either router.
 
 # %%
-assert growth["soft"] <= 1.3 and growth["tokens_choice"] >= 1.5, growth
-assert growth["tokens_choice"] >= 1.4 * growth["soft"], growth
+assert growth["soft"] <= 1.35 and growth["tokens_choice"] >= 1.8, growth
+assert growth["tokens_choice"] >= 1.5 * growth["soft"], growth
 
 # %% [markdown]
 # ## 5. What a slot looks at (Fig. 10)

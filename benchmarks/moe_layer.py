@@ -13,42 +13,21 @@ Usage: python benchmarks/moe_layer.py [--experts 8 32] [--k 1 2] [--quick]
 
 from __future__ import annotations
 
-import argparse
-import time
 import warnings
 
 import jax
 from flax import nnx
 
+from moe_course.analysis.timing import best_ms
 from moe_course.layers.mlp import MLP
 from moe_course.layers.moe import SparseMoE
 from moe_course.routing import CapacityRoundingWarning, allocate, combine, dispatch, expert_capacity, top_k_routing
+from sizes import SizedParser
 
 # Sizes of the default run and of --quick (a smoke test); an option given on the command line wins.
 DEFAULTS = dict(batch=128, tokens=16, group_size=8, group_tokens=[256, 1024, 4096, 16384], repeats=5, rounds=3)
 QUICK = dict(batch=16, tokens=4, group_size=8, group_tokens=[64, 256], repeats=2, rounds=1)
 MIB, GIB = 2**20, 2**30
-
-
-def _time_ms(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile (or warm up an already compiled executable)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / repeats * 1e3
-
-
-def _best_ms(calls: dict, *, repeats: int, rounds: int) -> dict:
-    """Time the calls {name: (fn, args)} in turn, ``rounds`` times over; the fastest round of each, in ms.
-
-    Taking turns and the minimum keeps a burst of load from another process off the ratio.
-    """
-    best = {}
-    for _ in range(rounds):
-        for name, (fn, args) in calls.items():
-            best[name] = min(best.get(name, float("inf")), _time_ms(fn, *args, repeats=repeats))
-    return best
 
 
 def _peak_mib(compiled) -> float:
@@ -85,7 +64,7 @@ def _layer_table(args) -> None:
 
             moe_grad = jax.jit(jax.grad(moe_loss, argnums=(0, 1)))
             dense_grad = jax.jit(jax.grad(dense_loss, argnums=(0, 1)))
-            times = _best_ms({"dense": (dense_grad, (dense_params, x)), "moe": (moe_grad, (moe_params, x))},
+            times = best_ms({"dense": (dense_grad, (dense_params, x)), "moe": (moe_grad, (moe_params, x))},
                              repeats=args.repeats, rounds=args.rounds)
             t_dense, t_moe = times["dense"], times["moe"]
             capacity = expert_capacity(k, group_tokens, args.capacity_ratio, num_experts)
@@ -123,7 +102,7 @@ def _dispatch_table(args) -> None:
                 skipped = f"skipped ({onehot_gib:.3g} GiB one-hot, {peak[impl] * MIB / GIB:.3g} GiB compiled)"
                 continue
             calls[impl] = (compiled, (x, allocation))
-        times = _best_ms(calls, repeats=args.repeats, rounds=args.rounds)
+        times = best_ms(calls, repeats=args.repeats, rounds=args.rounds)
         row = f"{tokens:>6} {capacity:>8} {times['gather']:>9.2f} {peak['gather']:>10.2f}"
         if skipped:
             print(f"{row} {skipped}")
@@ -133,9 +112,8 @@ def _dispatch_table(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sizes = lambda name: f"(default {DEFAULTS[name]}; --quick: {QUICK[name]})"
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
+    parser = SizedParser(__doc__.splitlines()[0], DEFAULTS, QUICK)
+    sizes = parser.size
     parser.add_argument("--width", type=int, default=64, help="token width (also the dim of table 2)")
     parser.add_argument("--hidden", type=int, default=128, help="expert hidden size H; the dense MLP has k*H")
     parser.add_argument("--experts", type=int, nargs="+", default=[8],
@@ -157,9 +135,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int,
                         help=f"rounds of taking turns; each number is its fastest round {sizes('rounds')}")
     args = parser.parse_args()
-    for name, value in (QUICK if args.quick else DEFAULTS).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
     if args.batch % args.group_size:
         parser.error(f"--batch {args.batch} is not a multiple of --group-size {args.group_size}")
     if args.k[0] > args.experts[0]:

@@ -42,7 +42,7 @@ from moe_course.configs import get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.models import temporary_routing, vit_param_count, vmoe_param_count
 from moe_course.routing import CapacityRoundingWarning
-from moe_course.routing_analysis import collect_routing, expert_class_weights, token_served
+from moe_course.analysis import collect_routing, expert_class_weights, token_served
 from moe_course.train import TrainConfig, evaluate, train
 from moe_course.viz import show_dropped_patches, show_expert_class_heatmaps
 

@@ -15,9 +15,12 @@ def _preset_list() -> str:
     lines = []
     for family, presets in PRESETS.items():
         for name, cfg in presets.items():
-            line = (f"  {family:5s} {name:18s} {cfg.image_size}px/{cfg.patch_size}, width {cfg.width}, "
+            line = (f"  {family:8s} {name:18s} {cfg.image_size}px/{cfg.patch_size}, width {cfg.width}, "
                     f"{cfg.depth} blocks, {cfg.heads} heads, MLP {cfg.mlp_dim}, {cfg.num_classes} classes")
-            if hasattr(cfg, "num_experts"):
+            if getattr(cfg, "router", "sparse") == "soft":
+                line += (f"; Soft MoE in blocks {list(cfg.moe_blocks())}: {cfg.num_experts} experts x "
+                         f"{cfg.slots_per_expert} slot(s)")
+            elif hasattr(cfg, "num_experts"):
                 line += f"; MoE in blocks {list(cfg.moe_blocks())}: {cfg.num_experts} experts, k={cfg.k}"
             lines.append(line)
     return "presets:\n" + "\n".join(lines)
@@ -57,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_routing_args(parser: argparse.ArgumentParser, purpose: str) -> None:
-    routing = parser.add_argument_group(f"routing (V-MoE runs): {purpose}")
+    routing = parser.add_argument_group(f"routing (V-MoE runs and sparse-router soft-moe runs): {purpose}")
     routing.add_argument("--allocation", default=None, choices=ALLOCATIONS,
                          help="vanilla (V-MoE App. C Alg. 1), bpr (Alg. 2), skip_patch (Alg. 3), experts_choice")
     routing.add_argument("--k", type=int, default=None, help="experts per token")
@@ -65,12 +68,20 @@ def _add_routing_args(parser: argparse.ArgumentParser, purpose: str) -> None:
     routing.add_argument("--priority", default=None, choices=PRIORITIES, help="BPR score: max or sum of the gates")
 
 
-def _routing_overrides(args, model_name: str) -> dict:
-    """The routing options given on the command line; ValueError when they are given for a model without MoE."""
+def _model_kind(config) -> str:
+    """"VMoE" for configs whose MoE layers are SparseMoE (the routing options apply), else the model's kind."""
+    if getattr(config, "router", "sparse") == "soft":
+        return "Soft MoE (router 'soft')"
+    return "VMoE" if hasattr(config, "num_experts") else "ViT"
+
+
+def _routing_overrides(args, model_kind: str) -> dict:
+    """The routing options given on the command line; ValueError when they are given for a model without
+    sparse MoE layers."""
     routing = {k: v for k, v in dict(allocation=args.allocation, k=args.k, capacity_ratio=args.capacity_ratio,
                                      priority=args.priority).items() if v is not None}
-    if routing and model_name != "VMoE":
-        raise ValueError(f"--{next(iter(routing)).replace('_', '-')} applies to V-MoE models; this is a {model_name}")
+    if routing and model_kind != "VMoE":
+        raise ValueError(f"--{next(iter(routing)).replace('_', '-')} applies to V-MoE models; this is a {model_kind}")
     return routing
 
 
@@ -89,7 +100,7 @@ def _train(args) -> dict:
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
     model_config = model_config.replace(**shape)
-    model_config = model_config.replace(**_routing_overrides(args, "VMoE" if args.model == "vmoe" else "ViT"))
+    model_config = model_config.replace(**_routing_overrides(args, _model_kind(model_config)))
     overrides = {
         k: v
         for k, v in dict(
@@ -112,11 +123,11 @@ def _train(args) -> dict:
 def _evaluate(args) -> dict:
     from moe_course.data import load_dataset
     from moe_course.train import evaluate
-    from moe_course.models import VMoE, with_routing
+    from moe_course.models import with_routing
     from moe_course.train.restore import load_run
 
     run = load_run(args.workdir)
-    routing = _routing_overrides(args, "VMoE" if isinstance(run.model, VMoE) else type(run.model).__name__)
+    routing = _routing_overrides(args, _model_kind(run.model_config))
     if routing:
         with_routing(run.model, **routing)
     dataset = load_dataset(args.dataset, args.data_dir, image_size=run.model_config.image_size)

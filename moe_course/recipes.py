@@ -19,6 +19,9 @@ _CPU_RECIPES = {
     # Same recipe as the dense digits-tiny, so chapter 3 compares dense and MoE under one schedule.
     "digits-tiny-moe": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                    checkpoint_every=500, log_every=50, eval_every=500),
+    # Soft MoE on digits-tiny's backbone: the same schedule again, so dense, V-MoE and Soft MoE compare.
+    "digits-tiny-soft": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
+                                    checkpoint_every=500, log_every=50, eval_every=500),
     "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,
                                 checkpoint_every=500, log_every=50, eval_every=500),
 }

@@ -51,7 +51,16 @@ def test_moe_layer_benchmark():
     assert large[4] == "skipped" and "GiB one-hot" in " ".join(large)
 
 
-@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py"])
+def test_soft_moe_benchmark():
+    out = _run("soft_moe.py", "--quick")
+    assert "soft/dense" in out and "tc/soft" in out and "smallest batch with soft/dense <= 1.5:" in out
+    dense = _row(out, "soft/dense", "4")
+    assert len(dense) == 4 and all(_is_number(field) for field in dense)
+    sweep = _row(out, "tc/soft", "8")
+    assert len(sweep) == 6 and all(_is_number(field) for field in sweep)
+
+
+@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py", "soft_moe.py"])
 def test_benchmark_help(script):
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True,
                             timeout=60)

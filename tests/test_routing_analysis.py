@@ -3,7 +3,7 @@
 import numpy as np
 
 from moe_course.layers.moe import RoutingRecord
-from moe_course.routing_analysis import expert_class_weights, token_served
+from moe_course.analysis.routing import expert_class_weights, token_served
 
 
 def _record():
@@ -43,7 +43,7 @@ def test_collect_routing_matches_the_eager_model_across_padded_batches():
 
     from moe_course.configs import get_preset
     from moe_course.models import build_model, with_routing
-    from moe_course.routing_analysis import collect_routing
+    from moe_course.analysis.routing import collect_routing
 
     config = get_preset("vmoe", "digits-tiny-moe").replace(width=16, mlp_dim=16, heads=2, group_size=2)
     model = with_routing(build_model(config, rngs=nnx.Rngs(0)), allocation="bpr", capacity_ratio=0.25)

@@ -1,7 +1,9 @@
 """Named V-MoE configurations (Riquelme et al. 2021): a ViT whose MLPs in some blocks are sparse MoE layers.
 
 Placement (Sec. 2.3, Table 7): "every-2" puts an MoE layer in every other block (blocks 1, 3, 5, ... counted
-from 0, i.e. the even blocks counted from 1); "last-n" puts one in the last ``moe_last_n`` of those. All of
+from 0, i.e. the even blocks counted from 1); "last-n" puts one in the last ``moe_last_n`` of those;
+"second-half" puts one in every block of the second half (blocks depth//2 .. depth-1), as the Soft MoE paper
+does (Puigcerver et al., Sec. 3). All of
 Table 7's V-MoE models use E = 32 experts and train with capacity ratio C = 1.05; the presets below carry
 those settings and their Table 7 parameter counts.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from moe_course.checks import check_integers
 from moe_course.configs.vit import JFT_CLASSES, ViTConfig
 
-PLACEMENTS = ("every-2", "last-n")
+PLACEMENTS = ("every-2", "last-n", "second-half")
 ALLOCATIONS = ("vanilla", "bpr", "skip_patch", "experts_choice")
 PRIORITIES = ("max", "sum")
 ROUTER_ORDERS = ("softmax_then_topk", "topk_then_softmax")
@@ -54,6 +56,8 @@ class VMoEConfig(ViTConfig):
 
     def moe_blocks(self) -> tuple[int, ...]:
         """Indices (from 0) of the blocks whose MLP is an MoE layer."""
+        if self.placement == "second-half":
+            return tuple(range(self.depth // 2, self.depth))
         candidates = tuple(range(1, self.depth, 2))
         return candidates if self.placement == "every-2" else candidates[len(candidates) - self.moe_last_n:]
 

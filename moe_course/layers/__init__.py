@@ -5,6 +5,7 @@ from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
 from moe_course.layers.experts import Experts
 from moe_course.layers.mlp import MLP
 from moe_course.layers.moe import MoEOutput, RoutingRecord, SparseMoE
+from moe_course.layers.soft_moe import SoftMoE, SoftRoutingRecord
 
 __all__ = ["EncoderBlock", "Experts", "LAYER_NORM_EPS", "MLP", "MoEOutput", "MultiHeadAttention", "RoutingRecord",
-           "SparseMoE", "attention_weights"]
+           "SoftMoE", "SoftRoutingRecord", "SparseMoE", "attention_weights"]

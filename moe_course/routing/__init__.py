@@ -4,6 +4,8 @@ No Flax state and no imports from layers or models: the layers call these, the c
 step, and the tests compare them with the papers' literal loops. Data flows:
 ``top_k_routing`` (router.py) -> ``expert_capacity`` (capacity.py) -> ``allocate`` (allocation.py) ->
 ``dispatch`` / ``combine`` (dispatch.py), with ``auxiliary_losses`` (losses.py) on the router logits.
+Soft MoE (soft.py) replaces all of that with ``soft_routing`` -> ``apply_soft_experts``: dense dispatch and
+combine weights, no capacity and no dropped tokens.
 """
 
 from moe_course.routing.allocation import (
@@ -53,6 +55,18 @@ from moe_course.routing.losses import (
     selection_probability,
     squared_coefficient_of_variation,
 )
+from moe_course.routing.soft import (
+    NORM_EPS,
+    SoftRouting,
+    apply_soft_experts,
+    l2_normalize,
+    soft_combine,
+    soft_combine_weights,
+    soft_dispatch_weights,
+    soft_logits,
+    soft_routing,
+    soft_slots,
+)
 from moe_course.routing.router import (
     ORDERS,
     RouterOutput,
@@ -70,15 +84,18 @@ __all__ = [
     "ExpertsChoice",
     "IMPLEMENTATIONS",
     "METHODS",
+    "NORM_EPS",
     "ORDERS",
     "RATIO_WARNING_TOLERANCE",
     "ROUNDINGS",
     "RouterOutput",
     "SCORES",
+    "SoftRouting",
     "add_router_noise",
     "allocate",
     "allocate_in_order",
     "apply_experts",
+    "apply_soft_experts",
     "auxiliary_losses",
     "batch_prioritized_allocation",
     "buffer_token_index",
@@ -98,6 +115,7 @@ __all__ = [
     "importance_loss",
     "importance_per_expert",
     "kept_tokens",
+    "l2_normalize",
     "load_loss",
     "load_per_expert",
     "priority_scores",
@@ -105,6 +123,12 @@ __all__ = [
     "router_probabilities",
     "selection_probability",
     "skip_patch_allocation",
+    "soft_combine",
+    "soft_combine_weights",
+    "soft_dispatch_weights",
+    "soft_logits",
+    "soft_routing",
+    "soft_slots",
     "squared_coefficient_of_variation",
     "top_k_routing",
     "vanilla_allocation",

@@ -3,5 +3,7 @@
 from moe_course.viz.curves import plot_history
 from moe_course.viz.images import show_images, show_patch_values
 from moe_course.viz.routing import show_dropped_patches, show_expert_class_heatmaps
+from moe_course.viz.slots import show_slot_weights
 
-__all__ = ["plot_history", "show_dropped_patches", "show_expert_class_heatmaps", "show_images", "show_patch_values"]
+__all__ = ["plot_history", "show_dropped_patches", "show_expert_class_heatmaps", "show_images", "show_patch_values",
+           "show_slot_weights"]

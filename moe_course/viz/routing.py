@@ -53,7 +53,7 @@ def show_expert_class_heatmaps(tables: Sequence[np.ndarray], titles: Sequence[st
                                class_names: Sequence[str] | None = None):
     """One heat map per MoE layer: rows = classes, columns = experts, colour = mean routing weight.
 
-    tables: (classes, experts) arrays, e.g. from ``moe_course.routing_analysis.expert_class_weights``. All
+    tables: (classes, experts) arrays, e.g. from ``moe_course.analysis.routing.expert_class_weights``. All
     panels share one colour scale, so a stronger pattern in one layer is visible as such. Returns the Figure.
     """
     vmin = min(float(t.min()) for t in tables)

@@ -4,7 +4,8 @@ from moe_course.layers.attention import MultiHeadAttention, attention_weights
 from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
 from moe_course.layers.experts import Experts
 from moe_course.layers.mlp import MLP
+from moe_course.layers.mod import MoDBlock, MoDRecord
 from moe_course.layers.moe import MoEOutput, RoutingRecord, SparseMoE
 
-__all__ = ["EncoderBlock", "Experts", "LAYER_NORM_EPS", "MLP", "MoEOutput", "MultiHeadAttention", "RoutingRecord",
+__all__ = ["EncoderBlock", "Experts", "LAYER_NORM_EPS", "MLP", "MoDBlock", "MoDRecord", "MoEOutput", "MultiHeadAttention", "RoutingRecord",
            "SparseMoE", "attention_weights"]

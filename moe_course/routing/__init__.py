@@ -4,6 +4,7 @@ No Flax state and no imports from layers or models: the layers call these, the c
 step, and the tests compare them with the papers' literal loops. Data flows:
 ``top_k_routing`` (router.py) -> ``expert_capacity`` (capacity.py) -> ``allocate`` (allocation.py) ->
 ``dispatch`` / ``combine`` (dispatch.py), with ``auxiliary_losses`` (losses.py) on the router logits.
+Mixture-of-Depths token selection (standard and attention routing) is in mod.py.
 """
 
 from moe_course.routing.allocation import (
@@ -53,6 +54,18 @@ from moe_course.routing.losses import (
     selection_probability,
     squared_coefficient_of_variation,
 )
+from moe_course.routing.mod import (
+    MOD_ROUTERS,
+    MoDSelection,
+    attention_router_scores,
+    gather_tokens,
+    mod_capacity,
+    mod_gate,
+    mod_select,
+    scatter_attention,
+    scatter_update,
+    standard_router_scores,
+)
 from moe_course.routing.router import (
     ORDERS,
     RouterOutput,
@@ -70,6 +83,8 @@ __all__ = [
     "ExpertsChoice",
     "IMPLEMENTATIONS",
     "METHODS",
+    "MOD_ROUTERS",
+    "MoDSelection",
     "ORDERS",
     "RATIO_WARNING_TOLERANCE",
     "ROUNDINGS",
@@ -79,6 +94,7 @@ __all__ = [
     "allocate",
     "allocate_in_order",
     "apply_experts",
+    "attention_router_scores",
     "auxiliary_losses",
     "batch_prioritized_allocation",
     "buffer_token_index",
@@ -95,17 +111,24 @@ __all__ = [
     "experts_choice_as_allocation",
     "gather_combine",
     "gather_dispatch",
+    "gather_tokens",
     "importance_loss",
     "importance_per_expert",
     "kept_tokens",
     "load_loss",
     "load_per_expert",
+    "mod_capacity",
+    "mod_gate",
+    "mod_select",
     "priority_scores",
     "round_count",
     "router_probabilities",
+    "scatter_attention",
+    "scatter_update",
     "selection_probability",
     "skip_patch_allocation",
     "squared_coefficient_of_variation",
+    "standard_router_scores",
     "top_k_routing",
     "vanilla_allocation",
 ]

@@ -147,3 +147,78 @@ def test_the_compiled_block_computes_less_at_lower_capacity():
         forward = jax.jit(lambda state, x, a: nnx.merge(graphdef, state)(x, previous_attention=a)[0])
         flops[capacity] = forward.lower(state, x, attention).compile().cost_analysis()["flops"]
     assert flops[0.5] < 0.6 * flops[1.0] and flops[0.125] < 0.25 * flops[1.0], flops
+
+
+# --- the MoD ViT and its adaptation from a dense ViT -------------------------------------------------------
+
+from moe_course.configs import MOD_PRESETS, get_preset  # noqa: E402
+from moe_course.configs.mod import mod_config_from_vit  # noqa: E402
+from moe_course.models import ViT, build_model, mod_from_vit, mod_param_count, vit_param_count  # noqa: E402
+
+DENSE = get_preset("vit", "digits-small").replace(depth=4, width=32, mlp_dim=64, heads=2)  # 64 patch tokens
+
+
+def _leaves(model):
+    return {tuple(str(k) for k in path): np.asarray(v[...])
+            for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+@pytest.mark.parametrize("router", ["attention", "standard"])
+def test_adapting_a_dense_vit_keeps_every_weight_bit_identical(router):
+    dense = ViT(DENSE.replace(pool="cls"), rngs=nnx.Rngs(7))
+    mod = mod_from_vit(dense, capacity=0.125, router=router)
+    theirs = _leaves(mod)
+    for path, value in _leaves(dense).items():
+        moved = path[:2] + ("block",) + path[2:] if path[0] == "blocks" and int(path[1]) in (1, 3) else path
+        assert np.array_equal(theirs.pop(moved), value), path
+    assert all(p[2] == "router" for p in theirs) and (len(theirs) == 2) == (router == "standard"), theirs.keys()
+
+
+def test_attention_routed_mod_at_capacity_one_equals_the_dense_vit_and_keeps_the_class_token():
+    dense = ViT(DENSE.replace(pool="cls"), rngs=nnx.Rngs(1))
+    images = jax.random.uniform(jax.random.key(0), (2, 32, 32, 1))
+    full = mod_from_vit(dense, capacity=1.0, router="attention")(images)
+    np.testing.assert_allclose(full.logits, dense(images).logits, rtol=1e-5, atol=1e-5)
+    out = mod_from_vit(dense, capacity=0.125, router="attention")(images, return_attention=True)
+    assert [r.index.shape for r in out.routing] == [(2, 8), (2, 8)]  # round(0.125 * 65) = 8, class token in
+    assert all((np.asarray(r.index[:, 0]) == 0).all() for r in out.routing)
+    assert len(out.attention) == 4 and out.attention[1].shape == (2, 2, 65, 65)
+
+
+def test_mod_trains_through_the_one_loop(small_digits):
+    from moe_course.train import TrainConfig, train
+
+    config = mod_config_from_vit(DENSE.replace(image_size=16, patch_size=4), capacity=0.5, router="standard")
+    run = TrainConfig(steps=4, batch_size=8, learning_rate=1e-3, warmup_steps=1, log_every=2, eval_every=0,
+                      checkpoint_every=0, eval_batch_size=16)
+    history = train(config, small_digits, run, progress=False).history
+    assert all(np.isfinite(h["loss"]) for h in history)
+
+
+def test_presets_are_the_papers_backbones_at_half_and_one_eighth_capacity():
+    assert {(c.name.split("-c")[0], c.capacity) for c in MOD_PRESETS.values()} >= {
+        ("mod-deit-s/16", 0.5), ("mod-deit-s/16", 0.125), ("mod-vit-b/16", 0.125), ("mod-deit-ti/16", 0.5)}
+    config = MOD_PRESETS["mod-deit-ti/16-c0.125"]
+    assert config.mod_blocks() == (1, 3, 5, 7, 9, 11) and config.router == "attention"
+    assert mod_param_count(config) == vit_param_count(get_preset("vit", "deit-ti/16"))  # no router parameters
+    standard = config.replace(router="standard")
+    assert mod_param_count(standard) == mod_param_count(config) + 6 * config.width
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(capacity=0.0), "capacity=0.0 is not allowed"), (dict(capacity=1.5), "capacity=1.5 is not allowed"),
+    (dict(router="topk"), "router='topk' is not allowed"), (dict(mod_placement="first"), "mod_placement='first'"),
+    (dict(mod_placement="last-n", mod_last_n=3), "mod_last_n=3 is not allowed for depth=4"),
+    (dict(depth=1), "depth=1 is not allowed for a MoD ViT"),
+])
+def test_config_errors_name_the_field(changes, message):
+    with pytest.raises(ValueError, match=message):
+        mod_config_from_vit(DENSE, capacity=0.5).replace(**changes)
+
+
+def test_only_a_dense_vit_can_be_adapted():
+    from moe_course.configs import VMOE_PRESETS
+
+    vmoe = build_model(VMOE_PRESETS["digits-tiny-moe"], rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="init model is a VMoE; MoD adapts a dense ViT"):
+        mod_from_vit(vmoe, capacity=0.5)

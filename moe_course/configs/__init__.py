@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
+from moe_course.configs.mod import MOD_PRESETS, MoDConfig
 from moe_course.configs.vit import VIT_PRESETS, ViTConfig
 from moe_course.configs.vmoe import VMOE_PRESETS, VMoEConfig
 
-PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS}
-CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig}
+PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS, "mod": MOD_PRESETS}
+CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig, "mod": MoDConfig}
 
 
 def config_to_dict(config) -> dict:
@@ -45,4 +46,4 @@ def get_preset(family: str, name: str):
     return presets[key]
 
 
-__all__ = ["CONFIG_TYPES", "PRESETS", "VIT_PRESETS", "VMOE_PRESETS", "VMoEConfig", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]
+__all__ = ["CONFIG_TYPES", "MOD_PRESETS", "MoDConfig", "PRESETS", "VIT_PRESETS", "VMOE_PRESETS", "VMoEConfig", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]

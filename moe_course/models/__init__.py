@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from flax import nnx
 
+from moe_course.configs.mod import MoDConfig
 from moe_course.configs.vit import ViTConfig
 from moe_course.configs.vmoe import VMoEConfig
+from moe_course.models.mod import MoDViT, mod_from_vit, mod_param_count
 from moe_course.models.output import ModelOutput
 from moe_course.models.vit import ViT, count_params, patchify, vit_param_count
 from moe_course.models.vmoe import VMoE, temporary_routing, vmoe_param_count, with_routing
 
-_MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE}
+_MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE, MoDConfig: MoDViT}
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -21,5 +23,5 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
     return cls(config, rngs=rngs)
 
 
-__all__ = ["ModelOutput", "VMoE", "ViT", "build_model", "count_params", "patchify", "vit_param_count", "temporary_routing",
+__all__ = ["MoDViT", "ModelOutput", "VMoE", "ViT", "build_model", "count_params", "mod_from_vit", "mod_param_count", "patchify", "vit_param_count", "temporary_routing",
            "vmoe_param_count", "with_routing"]

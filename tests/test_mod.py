@@ -222,3 +222,40 @@ def test_only_a_dense_vit_can_be_adapted():
     vmoe = build_model(VMOE_PRESETS["digits-tiny-moe"], rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="init model is a VMoE; MoD adapts a dense ViT"):
         mod_from_vit(vmoe, capacity=0.5)
+
+
+# --- leave-one-out importance -------------------------------------------------------------------------------
+
+from moe_course.analysis.importance import leave_one_out_importance, mean_rank_correlation  # noqa: E402
+
+
+@pytest.mark.parametrize("pool", ["gap", "cls"])
+def test_leave_one_out_importance_equals_removing_each_token_by_hand(pool):
+    import optax
+
+    model = ViT(DENSE.replace(image_size=16, pool=pool), rngs=nnx.Rngs(3))
+    images = jax.random.uniform(jax.random.key(1), (2, 16, 16, 1))
+    labels = jnp.array([3, 7])
+    importance = leave_one_out_importance(model, images, labels)
+    tokens = np.asarray(model.embed(images))
+    first = 1 if pool == "cls" else 0
+    assert importance.shape == (2, 16)
+
+    def loss(x):
+        for block in model.blocks:
+            x, _, _ = block(jnp.asarray(x))
+        return np.asarray(optax.softmax_cross_entropy_with_integer_labels(model.head(model.pool(model.norm(x))), labels))
+
+    full = loss(tokens)
+    for patch in (0, 5, 15):
+        by_hand = loss(np.delete(tokens, first + patch, axis=1)) - full
+        np.testing.assert_allclose(importance[:, patch], by_hand, rtol=1e-4, atol=1e-5)
+
+
+def test_rank_correlation_is_spearman_per_image():
+    a = np.array([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    b = np.array([[10.0, 20.0, 30.0, 40.0], [1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]])
+    assert mean_rank_correlation(a, b) == pytest.approx(0.0)  # +1 and -1; the constant image is skipped
+    assert mean_rank_correlation(a[:1], b[:1] ** 3) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="must both be"):
+        mean_rank_correlation(a, b[:, :3])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from moe_course.configs import PRESETS
 from moe_course.configs.vmoe import ALLOCATIONS, PRIORITIES
+from moe_course.routing.mod import MOD_ROUTERS
 from moe_course.data.base import DataError
 
 
@@ -50,6 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_routing_args(train, "train with other settings than the preset's")
+    mod = train.add_argument_group("Mixture-of-Depths (mod runs)")
+    mod.add_argument("--init-from", default=None, metavar="RUN_DIR",
+                     help="adapt the dense ViT of this `moe-course train vit` run (A-MoD Sec. 4) instead of "
+                          "training from scratch; its architecture must be the preset's")
+    mod.add_argument("--router", default=None, choices=MOD_ROUTERS,
+                     help="attention (A-MoD Eq. 3-5, no parameters) or standard (Eq. 1-2, a linear router)")
+    mod.add_argument("--capacity", type=float, default=None, help="C in (0, 1]: fraction of tokens an MoD block processes")
 
     evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run")
     evaluate.add_argument("--workdir", required=True)
@@ -85,6 +93,39 @@ def _routing_overrides(args, model_kind: str) -> dict:
     return routing
 
 
+def _mod_overrides(args, model_config) -> dict:
+    """--router/--capacity for a mod run; ValueError naming the option when given for another family."""
+    mod = {k: v for k, v in dict(router=args.router, capacity=args.capacity).items() if v is not None}
+    if (mod or args.init_from) and args.model != "mod":
+        given = next(iter(mod), "init_from").replace("_", "-")
+        raise ValueError(f"--{given} applies to mod runs (moe-course train mod ...); this is a {args.model} run")
+    return mod
+
+
+def _adapted_model(init_from: str, model_config):
+    """The dense ViT of the run in ``init_from``, adapted to ``model_config`` (an MoDConfig) without training.
+
+    Raises ValueError naming --init-from and the first architecture field that differs from the preset's.
+    """
+    from moe_course.configs.vit import ViTConfig
+    from moe_course.models import ViT, mod_from_vit
+    from moe_course.train.restore import load_run
+
+    run = load_run(init_from)
+    if type(run.model) is not ViT:
+        raise ValueError(f"--init-from {init_from}: it holds a {type(run.model).__name__}; use a dense ViT run "
+                         f"(moe-course train vit ...)")
+    for field in ViTConfig.__dataclass_fields__:
+        if field != "name" and getattr(run.model_config, field) != getattr(model_config, field):
+            raise ValueError(f"--init-from {init_from}: its {field}={getattr(run.model_config, field)!r} differs from "
+                             f"{field}={getattr(model_config, field)!r} of {model_config.name}; adapt a ViT of the "
+                             f"same architecture")
+    mod_fields = {f: getattr(model_config, f) for f in ("capacity", "router", "mod_placement", "mod_last_n")}
+    adapted = mod_from_vit(run.model, **mod_fields)
+    adapted.config = model_config  # equal but for the name, which the run directory is named after
+    return adapted
+
+
 def _add_data_args(parser: argparse.ArgumentParser, datasets) -> None:
     parser.add_argument("--dataset", default="digits", choices=datasets, help="default: the embedded digits")
     parser.add_argument("--data-dir", default=None, help="archive or folder of a full-scale dataset")
@@ -101,6 +142,7 @@ def _train(args) -> dict:
     recipe = recipe_for(model_config)
     model_config = model_config.replace(**shape)
     model_config = model_config.replace(**_routing_overrides(args, _model_kind(model_config)))
+    model_config = model_config.replace(**_mod_overrides(args, model_config))
     overrides = {
         k: v
         for k, v in dict(
@@ -113,8 +155,10 @@ def _train(args) -> dict:
     dataset = load_dataset(args.dataset, args.data_dir, image_size=model_config.image_size, seed=args.seed)
     model_config = model_config.replace(channels=dataset.image_shape[2], num_classes=dataset.num_classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+    init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
-    result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress)
+    result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
+                   init_model=init_model)
     metrics = evaluate(result.model, dataset, "test", batch_size=train_config.eval_batch_size)
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
             "test_accuracy": round(metrics["accuracy"], 4), "test_loss": round(metrics["loss"], 4)}

@@ -66,3 +66,9 @@ def test_benchmark_help(script):
                             timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith("usage:")
+
+
+def test_mod_benchmark():
+    out = _run("mod.py", "--quick")
+    row = _row(out, "MoD/full", "attention")
+    assert row[1:3] == ["0.5", "8"] and all(_is_number(field) for field in row[1:])

@@ -46,3 +46,20 @@ def test_train_then_evaluate_and_resume(tmp_path, capsys):
     assert "Resuming from the checkpoint of step 4" in capsys.readouterr().out
     assert main(["evaluate", "--workdir", str(tmp_path), "--split", "val"]) == 0
     assert "step: 6" in capsys.readouterr().out
+
+
+def test_mod_adapts_a_trained_vit_and_refuses_mismatches(tmp_path, capsys):
+    small = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--no-progress"]
+    assert main(["train", "vit", "--preset", "digits-small", "--workdir", str(tmp_path / "vit")] + small) == 0
+    assert main(["train", "vit", "--preset", "digits-tiny", "--workdir", str(tmp_path / "tiny")] + small) == 0
+    capsys.readouterr()
+    mod = ["train", "mod", "--preset", "mod-digits-small-c0.5"] + small
+    assert main(mod + ["--init-from", str(tmp_path / "vit"), "--router", "attention", "--capacity", "0.25",
+                       "--workdir", str(tmp_path / "mod")]) == 0
+    assert "test_accuracy:" in capsys.readouterr().out
+    assert main(mod + ["--init-from", str(tmp_path / "tiny")]) == 2
+    assert f"--init-from {tmp_path / 'tiny'}: its patch_size=8 differs from patch_size=4" in _error_line(capsys)
+    assert main(mod + ["--capacity", "1.5"]) == 2
+    assert "capacity=1.5 is not allowed" in _error_line(capsys)
+    assert main(["train", "vit", "--preset", "digits-tiny", "--router", "standard"] + small) == 2
+    assert "--router applies to mod runs" in _error_line(capsys)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from moe_course.configs.mod import MOD_PRESETS, MoDConfig
 from moe_course.configs.soft_moe import SOFT_MOE_PRESETS, SoftMoEConfig
 from moe_course.configs.vit import VIT_PRESETS, ViTConfig
 from moe_course.configs.vmoe import VMOE_PRESETS, VMoEConfig
 
-PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS, "soft-moe": SOFT_MOE_PRESETS}
-CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig, "soft-moe": SoftMoEConfig}
+PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS, "soft-moe": SOFT_MOE_PRESETS, "mod": MOD_PRESETS}
+CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig, "soft-moe": SoftMoEConfig, "mod": MoDConfig}
 
 
 def config_to_dict(config) -> dict:
@@ -46,4 +47,5 @@ def get_preset(family: str, name: str):
     return presets[key]
 
 
-__all__ = ["CONFIG_TYPES", "PRESETS", "SOFT_MOE_PRESETS", "SoftMoEConfig", "VIT_PRESETS", "VMOE_PRESETS", "VMoEConfig", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]
+__all__ = ["CONFIG_TYPES", "MOD_PRESETS", "MoDConfig", "PRESETS", "SOFT_MOE_PRESETS", "SoftMoEConfig", "VIT_PRESETS",
+           "VMOE_PRESETS", "VMoEConfig", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]

@@ -56,14 +56,16 @@ class ViT(nnx.Module):
         init = nnx.initializers.normal(stddev=0.02)
         self.pos_embed = nnx.Param(init(rngs.params(), (1, config.num_tokens, d)))
         self.cls_token = nnx.Param(jnp.zeros((1, 1, d))) if config.pool == "cls" else None
-        self.blocks = nnx.List(
-            [EncoderBlock(d, config.heads, config.mlp_dim, dropout=config.dropout, rngs=rngs,
-                          mlp=self.make_mlp(i, rngs)) for i in range(config.depth)]
-        )
+        self.blocks = nnx.List([self.make_block(i, rngs) for i in range(config.depth)])
         self.norm = nnx.LayerNorm(d, epsilon=LAYER_NORM_EPS, rngs=rngs)
         rep = config.representation_size
         self.pre_logits = nnx.Linear(d, rep, rngs=rngs) if rep else None
         self.head = nnx.Linear(rep or d, config.num_classes, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+
+    def make_block(self, block: int, rngs: nnx.Rngs) -> nnx.Module:
+        """Encoder block number ``block`` (from 0). Subclasses (MoD) return other kinds of blocks here."""
+        c = self.config
+        return EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self.make_mlp(block, rngs))
 
     def make_mlp(self, block: int, rngs: nnx.Rngs) -> nnx.Module | None:
         """The MLP of block ``block``: None = the dense MLP. Subclasses (V-MoE) return MoE layers here."""

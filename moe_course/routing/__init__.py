@@ -6,6 +6,7 @@ step, and the tests compare them with the papers' literal loops. Data flows:
 ``dispatch`` / ``combine`` (dispatch.py), with ``auxiliary_losses`` (losses.py) on the router logits.
 Soft MoE (soft.py) replaces all of that with ``soft_routing`` -> ``apply_soft_experts``: dense dispatch and
 combine weights, no capacity and no dropped tokens.
+Mixture-of-Depths token selection (standard and attention routing) is in mod.py.
 """
 
 from moe_course.routing.allocation import (
@@ -67,6 +68,18 @@ from moe_course.routing.soft import (
     soft_routing,
     soft_slots,
 )
+from moe_course.routing.mod import (
+    MOD_ROUTERS,
+    MoDSelection,
+    attention_router_scores,
+    gather_tokens,
+    mod_capacity,
+    mod_gate,
+    mod_select,
+    scatter_attention,
+    scatter_update,
+    standard_router_scores,
+)
 from moe_course.routing.router import (
     ORDERS,
     RouterOutput,
@@ -84,6 +97,8 @@ __all__ = [
     "ExpertsChoice",
     "IMPLEMENTATIONS",
     "METHODS",
+    "MOD_ROUTERS",
+    "MoDSelection",
     "NORM_EPS",
     "ORDERS",
     "RATIO_WARNING_TOLERANCE",
@@ -96,6 +111,7 @@ __all__ = [
     "allocate_in_order",
     "apply_experts",
     "apply_soft_experts",
+    "attention_router_scores",
     "auxiliary_losses",
     "batch_prioritized_allocation",
     "buffer_token_index",
@@ -112,15 +128,21 @@ __all__ = [
     "experts_choice_as_allocation",
     "gather_combine",
     "gather_dispatch",
+    "gather_tokens",
     "importance_loss",
     "importance_per_expert",
     "kept_tokens",
     "l2_normalize",
     "load_loss",
     "load_per_expert",
+    "mod_capacity",
+    "mod_gate",
+    "mod_select",
     "priority_scores",
     "round_count",
     "router_probabilities",
+    "scatter_attention",
+    "scatter_update",
     "selection_probability",
     "skip_patch_allocation",
     "soft_combine",
@@ -130,6 +152,7 @@ __all__ = [
     "soft_routing",
     "soft_slots",
     "squared_coefficient_of_variation",
+    "standard_router_scores",
     "top_k_routing",
     "vanilla_allocation",
 ]

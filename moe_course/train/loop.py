@@ -91,13 +91,16 @@ def train(
     workdir: str | Path | None = None,
     progress: bool = True,
     stop_after: int | None = None,
+    init_model: nnx.Module | None = None,
 ) -> TrainResult:
     """Train ``build_model(model_config)`` on ``dataset``'s train split.
 
     With ``workdir``, checkpoints go there every ``config.checkpoint_every`` steps and at the end, and a run
     that finds checkpoints there resumes from the newest: parameters, optimizer state, data order and keys
     continue exactly as the uninterrupted run would. ``stop_after`` ends this call after that global step
-    without a final checkpoint, as a crash there would (for tests and lessons). Every config problem raises ValueError before any
+    without a final checkpoint, as a crash there would (for tests and lessons). ``init_model``: start from this
+    model's weights instead of a fresh initialisation (fine-tuning, e.g. an MoD ViT adapted from a pretrained
+    ViT); its config must equal ``model_config``, and a checkpoint in ``workdir`` still takes precedence. Every config problem raises ValueError before any
     compilation.
     """
     model_config.validate()
@@ -106,7 +109,9 @@ def train(
     per_epoch = steps_per_epoch(dataset, config.batch_size)
     started = time.perf_counter()
 
-    model = build_model(model_config, rngs=nnx.Rngs(config.seed))
+    if init_model is not None and getattr(init_model, "config", None) != model_config:
+        raise ValueError(f"init_model has config {getattr(init_model, 'config', None)!r}; it must equal model_config")
+    model = init_model if init_model is not None else build_model(model_config, rngs=nnx.Rngs(config.seed))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(config)
     opt_state = tx.init(params)

@@ -75,12 +75,12 @@ def test_training_records_aux_loss_and_resumes(small_digits, tmp_path):
 
 def test_batch_size_must_fit_the_routing_group(small_digits):
     with pytest.raises(ValueError, match="eval_batch_size=15 is not a multiple of the model's group_size=2"):
-        train(TINY, small_digits, TrainConfig(steps=2, batch_size=16, eval_batch_size=15), progress=False)
+        train(TINY, small_digits, TrainConfig(steps=2, batch_size=16, warmup_steps=1, eval_batch_size=15), progress=False)
 
 
 def test_cli_trains_vmoe_and_evaluates_with_other_routing(tmp_path, capsys):
     workdir = str(tmp_path / "run")
-    common = ["--image-size", "16", "--batch-size", "16", "--workdir", workdir, "--no-progress"]
+    common = ["--image-size", "16", "--batch-size", "16", "--warmup-steps", "1", "--workdir", workdir, "--no-progress"]
     assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--steps", "4", *common]) == 0
     capsys.readouterr()
     assert main(["evaluate", "--workdir", workdir, "--allocation", "bpr", "--capacity-ratio", "0.2", "--k", "1"]) == 0
@@ -94,7 +94,7 @@ def test_cli_trains_vmoe_with_other_routing_and_refuses_it_for_dense(tmp_path, c
     from moe_course.train.restore import load_run
 
     workdir = str(tmp_path / "bpr")
-    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--no-progress"]
+    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--warmup-steps", "1", "--no-progress"]
     assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--allocation", "bpr", "--capacity-ratio", "0.25",
                  "--workdir", workdir, *common]) == 0
     config = load_run(workdir).model_config

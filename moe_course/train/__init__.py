@@ -2,6 +2,6 @@
 
 from moe_course.train.config import TrainConfig
 from moe_course.train.evaluate import evaluate
-from moe_course.train.loop import TrainResult, train
+from moe_course.train.loop import TrainingDiverged, TrainResult, train
 
-__all__ = ["TrainConfig", "TrainResult", "evaluate", "train"]
+__all__ = ["TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "train"]

@@ -58,6 +58,7 @@ from moe_course.routing.router import (
     RouterOutput,
     add_router_noise,
     default_noise_std,
+    nonfinite_tokens,
     router_probabilities,
     top_k_routing,
 )
@@ -100,6 +101,7 @@ __all__ = [
     "kept_tokens",
     "load_loss",
     "load_per_expert",
+    "nonfinite_tokens",
     "priority_scores",
     "round_count",
     "router_probabilities",

@@ -23,7 +23,7 @@ from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
 from moe_course.train.evaluate import evaluate
 from moe_course.train.optim import learning_rate_schedule, make_optimizer
-from moe_course.train.steps import make_eval_step, make_train_step
+from moe_course.train.steps import checks_enabled, make_eval_step, make_train_step
 
 
 @dataclass
@@ -187,8 +187,9 @@ def train(
             start_step = resumed_from = latest
             print(f"Resuming from the checkpoint of step {latest} in {checkpoints.workdir}")
 
-    train_step = make_train_step(graphdef, tx)
-    eval_step = make_eval_step(graphdef)
+    checked = checks_enabled(model_config)
+    train_step = make_train_step(graphdef, tx, checked=checked)
+    eval_step = make_eval_step(graphdef, checked=checked)
     schedule = learning_rate_schedule(config)
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)

@@ -42,6 +42,26 @@ def test_config_errors_name_the_field(changes, field):
         TINY.replace(**changes)
 
 
+def test_vmoe_round_capacity_of_zero_is_refused_by_the_config():
+    assert TINY.replace(capacity_rounding="vmoe_round").capacity_rounding == "vmoe_round"
+    with pytest.raises(ValueError, match="capacity_ratio=0.01 gives an expert capacity of 0"):
+        TINY.replace(capacity_rounding="vmoe_round", capacity_ratio=0.01)
+
+
+def test_aux_loss_reduction_mean_or_sum_over_the_moe_layers():
+    """google-research/vmoe sums the layers' aux losses (vmoe/nn/vit_moe.py, EncoderMoe); the default averages."""
+    images = jax.random.uniform(jax.random.key(0), (4, 16, 16, 1))
+    rngs = lambda: nnx.Rngs(1)
+    mean = build_model(TINY, rngs=nnx.Rngs(0))(images, deterministic=False, rngs=rngs())
+    summed = build_model(TINY.replace(aux_loss_reduction="sum"), rngs=nnx.Rngs(0))(images, deterministic=False,
+                                                                                 rngs=rngs())
+    assert TINY.aux_loss_reduction == "mean" and len(TINY.moe_blocks()) == 2
+    np.testing.assert_allclose(float(summed.aux_loss), 2 * float(mean.aux_loss), rtol=1e-6)
+    assert float(mean.aux_loss) > 0
+    with pytest.raises(ValueError, match="aux_loss_reduction='max'"):
+        TINY.replace(aux_loss_reduction="max")
+
+
 def test_einsum_and_gather_models_agree_and_routing_changes_in_place():
     images = jax.random.uniform(jax.random.key(0), (4, 16, 16, 1))
     model = build_model(TINY.replace(capacity_ratio=0.5), rngs=nnx.Rngs(0))

@@ -119,31 +119,28 @@ def test_sigkill_at_any_moment_then_restart_ends_like_an_uninterrupted_run(tmp_p
 
     workdir = tmp_path / "killed"
     command = _command(workdir, *args)
-    started = []
 
     def after(seconds):
-        started.append(time.monotonic())
-        return lambda: time.monotonic() - started[-1] >= seconds
+        start = time.monotonic()
+        return lambda: time.monotonic() - start >= seconds
 
-    def writing_a_checkpoint():  # orbax writes into a temporary directory and renames it when complete
-        return any(not name.isdigit() for name in _checkpoint_entries(workdir))
+    def writing_a_checkpoint():  # orbax writes into a new temporary directory and renames it when complete
+        before = set(_checkpoint_entries(workdir))
+        return lambda: any(not name.isdigit() and name not in before for name in _checkpoint_entries(workdir))
 
     def checkpoint_appeared(step):
         return lambda: str(step) in _checkpoint_entries(workdir)
 
-    moments = [
-        ("while starting (imports, run.json, compilation)", after(1.5)),
-        ("during the first checkpoint write", writing_a_checkpoint),
-        ("right after a checkpoint is complete", checkpoint_appeared(4)),
-        ("during a later checkpoint write", writing_a_checkpoint),
-        ("after the last checkpoint, during the test evaluation", checkpoint_appeared(8)),
+    moments = [  # (what, when to kill, the checkpoints that must then restore)
+        ("while starting (imports, run.json, compilation)", lambda: after(1.5), []),
+        ("during the first checkpoint write", writing_a_checkpoint, []),
+        ("right after a checkpoint is complete", lambda: checkpoint_appeared(4), [4]),
+        ("during a later checkpoint write", writing_a_checkpoint, [4]),
+        ("after the last checkpoint, during the test evaluation", lambda: checkpoint_appeared(8), [4, 8]),
     ]
-    for what, moment in moments:
-        before = _checkpoint_entries(workdir)
-        assert _run_until(command, moment, env), f"the run ended before it could be killed {what}"
-        steps = _every_checkpoint_restores(workdir)  # never a checkpoint that fails to restore
-        assert all(name.isdigit() or "orbax-checkpoint-tmp" in name for name in _checkpoint_entries(workdir)), what
-        assert len(steps) >= len([n for n in before if n.isdigit()]), what  # nothing complete was lost
+    for what, moment, expected in moments:
+        assert _run_until(command, moment(), env), f"the run ended before it could be killed {what}"
+        assert _every_checkpoint_restores(workdir) == expected, what  # never a checkpoint that fails to restore
     final = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=env)
     assert final.returncode == 0, final.stderr[-3000:]
     assert "Resuming from the checkpoint of step 8" in final.stdout

@@ -89,7 +89,7 @@ def routings(draw):
     return logits, k, capacity, experts, method, keep
 
 
-@settings(derandomize=True, max_examples=40, deadline=None)
+@settings(derandomize=True, max_examples=30, deadline=None)
 @given(case=routings())
 def test_allocations_equal_the_literal_loops_on_random_shapes_ties_and_capacities(case):
     logits, k, capacity, experts, method, keep = case

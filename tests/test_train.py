@@ -47,6 +47,19 @@ def test_resume_refuses_a_different_run(small_digits, tiny_vit_config, tmp_path)
         train(tiny_vit_config.replace(width=32, heads=2), small_digits, FAST, workdir=tmp_path, progress=False)
 
 
+def test_resume_accepts_a_run_recorded_before_a_config_field_existed(small_digits, tiny_vit_config, tmp_path):
+    import json
+
+    train(tiny_vit_config, small_digits, FAST.replace(steps=2), workdir=tmp_path, progress=False)
+    record = json.loads((tmp_path / "run.json").read_text())
+    del record["model"]["dropout"], record["train"]["grad_clip"]  # as if written by an older library
+    (tmp_path / "run.json").write_text(json.dumps(record))
+    assert train(tiny_vit_config, small_digits, FAST.replace(steps=3), workdir=tmp_path, progress=False).resumed_from == 2
+    with pytest.raises(ValueError, match=r"model.dropout: saved 0.0, now 0.5"):  # missing = the default, 0.0
+        train(tiny_vit_config.replace(dropout=0.5), small_digits, FAST.replace(steps=3), workdir=tmp_path,
+              progress=False)
+
+
 def test_incompatible_data_is_caught_before_training(small_digits, tiny_vit_config):
     with pytest.raises(ValueError, match="image_size=32"):
         train(tiny_vit_config.replace(image_size=32), small_digits, FAST, progress=False)

@@ -110,11 +110,13 @@ class RunCheckpoints:
         self._manager.reload()
         return f", moved to {', '.join(f'{s}.damaged' for s in steps)}"
 
-    def check_run_config(self, configs: dict[str, Any]) -> None:
+    def check_run_config(self, configs: dict[str, Any], defaults: dict[str, dict] | None = None) -> None:
         """``configs``: {section: dataclass or flat dict}. Record the run's configs on first use; later, refuse to resume into a different model or data.
 
         Raises ValueError naming each field whose value differs from the one the checkpoints were made with
-        (``train.steps`` may change: it extends or shortens the schedule).
+        (``train.steps`` may change: it extends or shortens the schedule). ``defaults`` {section: {field:
+        default}}: a field that the saved record lacks (a field added to the library after the run was made)
+        matches when the value now is its default, which is what the older run used.
         """
         record = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
         record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
@@ -123,6 +125,10 @@ class RunCheckpoints:
             _atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
             return
         saved = json.loads(path.read_text())
+        defaults = json.loads(json.dumps(defaults or {}))
+        for section, fields in saved.items():
+            for field, value in defaults.get(section, {}).items():
+                fields.setdefault(field, value)
         diffs = [
             f"{section}.{field}: saved {saved.get(section, {}).get(field)!r}, now {value!r}"
             for section, fields in record.items()

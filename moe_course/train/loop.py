@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import queue
 import threading
@@ -178,7 +179,8 @@ def train(
         checkpoints = RunCheckpoints(workdir, keep=config.keep_checkpoints)
         checkpoints.check_run_config(
             {"model": config_to_dict(model_config), "train": config,
-             "data": {"name": dataset.name, "shape": list(dataset.image_shape)}}
+             "data": {"name": dataset.name, "shape": list(dataset.image_shape)}},
+            defaults={"model": config_to_dict(type(model_config)()), "train": dataclasses.asdict(TrainConfig())},
         )
         newest = checkpoints.restore_newest({"params": params, "opt_state": opt_state}, set_aside_damaged=True)
         if newest is not None:

@@ -182,8 +182,17 @@ def _evaluate(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from moe_course.train import TrainingDiverged  # here, not at the top: keeps --help fast
+    from moe_course.train.checkpoint import WorkdirError
+
     try:
         summary = _train(args) if args.command == "train" else _evaluate(args)
+    except TrainingDiverged as err:  # NaN/inf loss or parameters; the checkpoints on disk stay good
+        print(f"moe-course {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except WorkdirError as err:  # no run, or no checkpoint that restores, in --workdir
+        print(f"moe-course {args.command}: error: --workdir: {err}", file=sys.stderr)
+        return 2
     except DataError as err:  # a missing, mis-laid or corrupt dataset, before any compilation
         print(f"moe-course {args.command}: error: --data-dir: {err}", file=sys.stderr)
         return 2

@@ -28,17 +28,22 @@ def test_train_help_lists_presets(capsys):
         (["train", "vit", "--preset", "digits-tiny", "--patch-size", "5"],
          "patch_size=5 does not divide image_size=32; allowed patch sizes: [1, 2, 4, 8, 16, 32]"),
         (["train", "vit", "--preset", "digits-tiny", "--steps", "0"], "steps=0"),
-        (["evaluate", "--workdir", "/nonexistent/run"], "/nonexistent/run/run.json"),
+        (["evaluate", "--workdir", "/nonexistent/run"], "error: --workdir: /nonexistent/run/run.json: not found"),
+        (["train", "vit", "--preset", "digits-tiny", "--steps", "40"],
+         "warmup_steps=100 is larger than steps=40: the run would end inside its learning-rate warm-up"),
+        (["train", "vit", "--preset", "digits-tiny", "--steps", "40", "--warmup-steps", "41"], "warmup_steps=41"),
     ],
 )
 def test_bad_input_is_one_clear_line(argv, expected, capsys):
     assert main(argv) == 2
-    assert expected in _error_line(capsys)
+    line = _error_line(capsys)
+    assert expected in line
+    assert ("--data-dir" in line) == ("--data-dir" in expected or "/nonexistent/cifar" in expected)
 
 
 def test_train_then_evaluate_and_resume(tmp_path, capsys):
     argv = ["train", "vit", "--preset", "digits-tiny", "--image-size", "16", "--batch-size", "16",
-            "--checkpoint-every", "2", "--workdir", str(tmp_path), "--no-progress"]
+            "--checkpoint-every", "2", "--warmup-steps", "1", "--workdir", str(tmp_path), "--no-progress"]
     assert main(argv + ["--steps", "4"]) == 0
     out = capsys.readouterr().out
     assert "test_accuracy:" in out
@@ -49,7 +54,7 @@ def test_train_then_evaluate_and_resume(tmp_path, capsys):
 
 
 def test_mod_adapts_a_trained_vit_and_refuses_mismatches(tmp_path, capsys):
-    small = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--no-progress"]
+    small = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--warmup-steps", "1", "--no-progress"]
     assert main(["train", "vit", "--preset", "digits-small", "--workdir", str(tmp_path / "vit")] + small) == 0
     assert main(["train", "vit", "--preset", "digits-tiny", "--workdir", str(tmp_path / "tiny")] + small) == 0
     capsys.readouterr()

@@ -102,3 +102,17 @@ def test_invalid_values_raise_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field) as info:
         expert_capacity(**args, rounding=rounding, multiple_of=multiple_of)
     assert "allowed" in str(info.value)
+
+
+def test_vmoe_round_reproduces_google_research_vmoe():
+    """vmoe/moe.py compute_capacity(ceil_or_round="round"): int(round(k*N*C/E)) -- halves to even -- and a
+    capacity below 1 raises; "round" here rounds halves up and returns at least 1 (module docstring)."""
+    for k, tokens, ratio, experts in [(1, 5, 1.0, 2), (1, 3, 1.0, 2), (2, 5, 0.5, 2), (1, 10, 0.25, 1), (1, 7, 1.0, 2)]:
+        exact = k * tokens * ratio / experts
+        assert quiet_capacity(k, tokens, ratio, experts, rounding="vmoe_round") == round(exact)
+    assert quiet_capacity(1, 5, 1.0, 2, rounding="vmoe_round") == 2  # 2.5 -> 2 (halves to even)
+    assert quiet_capacity(1, 5, 1.0, 2) == 3  # 2.5 -> 3 (halves up)
+    assert quiet_capacity(1, 4, 0.1, 4) == 1  # 0.1 -> at least 1
+    with pytest.raises(ValueError, match=r"^capacity_ratio=0.1 gives an expert capacity of 0 .*rounding='vmoe_round'"):
+        quiet_capacity(1, 4, 0.1, 4, rounding="vmoe_round")
+    assert round_count(2.5, "vmoe_round") == 2 and round_count(3.5, "vmoe_round") == 4

@@ -42,6 +42,26 @@ def test_config_errors_name_the_field(changes, field):
         TINY.replace(**changes)
 
 
+def test_vmoe_round_capacity_of_zero_is_refused_by_the_config():
+    assert TINY.replace(capacity_rounding="vmoe_round").capacity_rounding == "vmoe_round"
+    with pytest.raises(ValueError, match="capacity_ratio=0.01 gives an expert capacity of 0"):
+        TINY.replace(capacity_rounding="vmoe_round", capacity_ratio=0.01)
+
+
+def test_aux_loss_reduction_mean_or_sum_over_the_moe_layers():
+    """google-research/vmoe sums the layers' aux losses (vmoe/nn/vit_moe.py, EncoderMoe); the default averages."""
+    images = jax.random.uniform(jax.random.key(0), (4, 16, 16, 1))
+    model = build_model(TINY, rngs=nnx.Rngs(0))
+    mean = model(images, deterministic=False, rngs=nnx.Rngs(1))
+    model.config = TINY.replace(aux_loss_reduction="sum")  # the same weights and router noise
+    summed = model(images, deterministic=False, rngs=nnx.Rngs(1))
+    assert TINY.aux_loss_reduction == "mean" and len(TINY.moe_blocks()) == 2
+    np.testing.assert_allclose(float(summed.aux_loss), 2 * float(mean.aux_loss), rtol=1e-6)
+    assert float(mean.aux_loss) > 0
+    with pytest.raises(ValueError, match="aux_loss_reduction='max'"):
+        TINY.replace(aux_loss_reduction="max")
+
+
 def test_einsum_and_gather_models_agree_and_routing_changes_in_place():
     images = jax.random.uniform(jax.random.key(0), (4, 16, 16, 1))
     model = build_model(TINY.replace(capacity_ratio=0.5), rngs=nnx.Rngs(0))
@@ -90,12 +110,12 @@ def test_training_records_aux_loss_and_resumes(small_digits, tmp_path):
 
 def test_batch_size_must_fit_the_routing_group(small_digits):
     with pytest.raises(ValueError, match="eval_batch_size=15 is not a multiple of the model's group_size=2"):
-        train(TINY, small_digits, TrainConfig(steps=2, batch_size=16, eval_batch_size=15), progress=False)
+        train(TINY, small_digits, TrainConfig(steps=2, batch_size=16, warmup_steps=1, eval_batch_size=15), progress=False)
 
 
 def test_cli_trains_vmoe_and_evaluates_with_other_routing(tmp_path, capsys):
     workdir = str(tmp_path / "run")
-    common = ["--image-size", "16", "--batch-size", "16", "--workdir", workdir, "--no-progress"]
+    common = ["--image-size", "16", "--batch-size", "16", "--warmup-steps", "1", "--workdir", workdir, "--no-progress"]
     assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--steps", "4", *common]) == 0
     capsys.readouterr()
     assert main(["evaluate", "--workdir", workdir, "--allocation", "bpr", "--capacity-ratio", "0.2", "--k", "1"]) == 0
@@ -109,7 +129,7 @@ def test_cli_trains_vmoe_with_other_routing_and_refuses_it_for_dense(tmp_path, c
     from moe_course.train.restore import load_run
 
     workdir = str(tmp_path / "bpr")
-    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--no-progress"]
+    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--warmup-steps", "1", "--no-progress"]
     assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--allocation", "bpr", "--capacity-ratio", "0.25",
                  "--workdir", workdir, *common]) == 0
     config = load_run(workdir).model_config

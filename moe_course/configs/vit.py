@@ -11,8 +11,9 @@ ImageNet-1k head.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from moe_course.checks import check_integers, replace_validated
+from moe_course.checks import check_choices, check_integers, check_number, check_text, replace_validated
 
 POOLS = ("cls", "gap")
 JFT_CLASSES = 18291
@@ -43,6 +44,8 @@ class ViTConfig:
     representation_size: int | None = None
     dropout: float = 0.0
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"pool": POOLS}
+
     @property
     def num_patches(self) -> int:
         return (self.image_size // self.patch_size) ** 2
@@ -57,6 +60,7 @@ class ViTConfig:
 
     def validate(self) -> "ViTConfig":
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
+        check_text(self, "name")
         check_integers(self, ("image_size", "patch_size", "channels", "width", "depth", "heads", "mlp_dim",
                               "num_classes"), minimum=1)
         if self.image_size % self.patch_size:
@@ -67,16 +71,9 @@ class ViTConfig:
             )
         if self.width % self.heads:
             raise ValueError(f"heads={self.heads} does not divide width={self.width}; use a divisor of width")
-        if self.representation_size is not None and (
-            not isinstance(self.representation_size, int) or self.representation_size < 1
-        ):
-            raise ValueError(
-                f"representation_size={self.representation_size!r} is not allowed; use a positive integer or None"
-            )
-        if self.pool not in POOLS:
-            raise ValueError(f"pool={self.pool!r} is not allowed; use one of {', '.join(POOLS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout={self.dropout} is not allowed; use 0 <= dropout < 1")
+        check_integers(self, ("representation_size",), minimum=1, optional=True)
+        check_choices(self)
+        check_number(self, "dropout", minimum=0, maximum=1, below_maximum=True)
         return self
 
 

@@ -10,16 +10,20 @@ those settings and their Table 7 parameter counts.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
-from moe_course.checks import check_integers
+from moe_course.checks import check_flag, check_integers, check_number
 from moe_course.configs.vit import JFT_CLASSES, ViTConfig
+from moe_course.routing.capacity import ROUNDINGS, expert_capacity
 
 PLACEMENTS = ("every-2", "last-n", "second-half")
 ALLOCATIONS = ("vanilla", "bpr", "skip_patch", "experts_choice")
 PRIORITIES = ("max", "sum")
 ROUTER_ORDERS = ("softmax_then_topk", "topk_then_softmax")
 DISPATCHES = ("gather", "einsum")
+AUX_LOSS_REDUCTIONS = ("mean", "sum")
 
 
 @dataclass(frozen=True)
@@ -34,8 +38,21 @@ class VMoEConfig(ViTConfig):
     priority: BPR score, "max" gate or "sum" of the top-k gates. router_order: TOP_k after the softmax
     (V-MoE) or softmax over the TOP_k logits (Shazeer et al. 2017; App. A.1 ablation). noise_std: router
     noise std during training (None = 1/E, Sec. 2.2). expert_dropout: dropout inside experts during training.
-    aux_loss_weight: lambda on the mean of importance and load losses (App. A.2). capacity_rounding: how
-    B_e is rounded. dispatch: "gather" (index based, memory linear in group size) or "einsum" (one-hot).
+    aux_loss_weight: lambda on each MoE layer's L_aux = 0.5 L_imp + 0.5 L_load (App. A.2).
+    aux_loss_reduction: how the model combines its MoE layers' weighted aux losses: "mean" (default) or
+    "sum". google-research/vmoe sums them (vmoe/nn/vit_moe.py, ``EncoderMoe``: "Sum auxiliary losses from
+    all blocks"), so with n MoE layers its aux term weighs n times this library's default; the paper
+    (App. A) gives lambda = 0.01 per layer and does not say. The default "mean" keeps the aux term's weight
+    against the task loss the same whatever the placement (Last-2 or Every-2), so one lambda serves every
+    preset; choose "sum" to reproduce vmoe.
+    capacity_rounding: how B_e is rounded, one of ``moe_course.routing.ROUNDINGS``; "vmoe_round"
+    reproduces vmoe's rounding (halves to even, a capacity of 0 raises; see ``expert_capacity``).
+    dispatch: "gather" (index based, memory linear in group size) or "einsum" (one-hot).
+    check_finite: debug mode. Every MoE layer checks, with ``jax.experimental.checkify``, that its input
+    tokens and router logits are finite; the training and evaluation steps then raise an error naming the
+    layer and the routing group of the first non-finite token (see ``SparseMoE``). Off by default: the
+    check costs a device-to-host transfer per step.
+    Raises ValueError from ``validate`` naming the field, its value and what is allowed.
     """
 
     num_experts: int = 32
@@ -53,6 +70,14 @@ class VMoEConfig(ViTConfig):
     aux_loss_weight: float = 0.01
     capacity_rounding: str = "round"
     dispatch: str = "gather"
+    aux_loss_reduction: str = "mean"
+    check_finite: bool = False
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **ViTConfig.CHOICES, "placement": PLACEMENTS, "allocation": ALLOCATIONS, "priority": PRIORITIES,
+        "router_order": ROUTER_ORDERS, "dispatch": DISPATCHES, "capacity_rounding": ROUNDINGS,
+        "aux_loss_reduction": AUX_LOSS_REDUCTIONS,
+    }
 
     def moe_blocks(self) -> tuple[int, ...]:
         """Indices (from 0) of the blocks whose MLP is an MoE layer."""
@@ -64,30 +89,25 @@ class VMoEConfig(ViTConfig):
     def validate(self) -> "VMoEConfig":
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
         super().validate()
-        check_integers(self, ("num_experts", "k", "group_size"), minimum=1)
-        for field, allowed in (("placement", PLACEMENTS), ("allocation", ALLOCATIONS), ("priority", PRIORITIES),
-                               ("router_order", ROUTER_ORDERS), ("dispatch", DISPATCHES),
-                               ("capacity_rounding", ("round", "ceil", "floor"))):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; use one of {', '.join(allowed)}")
+        check_integers(self, ("num_experts", "k", "group_size", "moe_last_n"), minimum=1)
         if self.k > self.num_experts:
             raise ValueError(f"k={self.k} is not allowed; use 1 <= k <= num_experts={self.num_experts}")
-        if not self.capacity_ratio > 0:
-            raise ValueError(f"capacity_ratio={self.capacity_ratio} is not allowed; use a value > 0")
+        check_number(self, "capacity_ratio", minimum=0, above_minimum=True)
         even_blocks = len(range(1, self.depth, 2))
-        if self.placement == "last-n":
-            check_integers(self, ("moe_last_n",), minimum=1)
-            if self.moe_last_n > even_blocks:
-                raise ValueError(f"moe_last_n={self.moe_last_n} is not allowed for depth={self.depth}; "
-                                 f"use 1 <= moe_last_n <= {even_blocks}")
-        if not 0 < self.skip_keep_fraction <= 1:
-            raise ValueError(f"skip_keep_fraction={self.skip_keep_fraction} is not allowed; use 0 < fraction <= 1")
-        if self.noise_std is not None and self.noise_std < 0:
-            raise ValueError(f"noise_std={self.noise_std} is not allowed; use a value >= 0 or None (= 1/E)")
-        if not 0.0 <= self.expert_dropout < 1.0:
-            raise ValueError(f"expert_dropout={self.expert_dropout} is not allowed; use 0 <= dropout < 1")
-        if self.aux_loss_weight < 0:
-            raise ValueError(f"aux_loss_weight={self.aux_loss_weight} is not allowed; use a value >= 0")
+        if self.placement == "last-n" and self.moe_last_n > even_blocks:
+            raise ValueError(f"moe_last_n={self.moe_last_n} is not allowed for depth={self.depth}; "
+                             f"use 1 <= moe_last_n <= {even_blocks}")
+        check_number(self, "skip_keep_fraction", minimum=0, maximum=1, above_minimum=True)
+        check_number(self, "noise_std", minimum=0, optional=True)
+        check_number(self, "expert_dropout", minimum=0, maximum=1, below_maximum=True)
+        check_number(self, "aux_loss_weight", minimum=0)
+        check_flag(self, "check_finite")
+        if self.capacity_rounding == "vmoe_round":  # vmoe raises where the capacity rounds to 0: say so now
+            tokens_per_group = self.group_size * self.num_tokens
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                expert_capacity(self.k, tokens_per_group, self.capacity_ratio, self.num_experts,
+                                rounding=self.capacity_rounding)
         return self
 
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.experimental import checkify
 
 from moe_course.layers.experts import Experts
 from moe_course.routing import (
@@ -16,6 +17,7 @@ from moe_course.routing import (
     expert_capacity,
     importance_loss,
     experts_choice_allocation,
+    nonfinite_tokens,
     experts_choice_as_allocation,
     router_probabilities,
     top_k_routing,
@@ -61,18 +63,30 @@ class SparseMoE(nnx.Module):
     Experts choice (Zhou et al. 2022) gives every expert the same B_e = round(k*N*C/E) slots, so on average
     a token is processed by k*C experts, the compute of token choice at the same k and C.
     Raises ValueError for a batch that is not a multiple of group_size.
+
+    Non-finite values are never hidden: a token whose features or router logits hold a NaN or inf comes out
+    all NaN, under every allocation and both dispatch implementations; it takes no expert buffer slot, so
+    every other token's output stays finite; the aux loss becomes NaN. (Without this, BPR ranked such a
+    token last, dropped it and returned a finite 0; see ``moe_course.routing.router``.)
+    check_finite=True (debug): ``jax.experimental.checkify`` checks that every token is finite and fails with
+    a JaxRuntimeError (a ValueError) naming ``layer_name``, the routing group, the token in the group and
+    the image in the batch. It raises when the layer runs eagerly; under ``jax.jit`` the function must be
+    wrapped in ``checkify.checkify`` (the course's train and eval steps do that when the model config has
+    ``check_finite=True``), or jit refuses to trace the check.
     """
 
     def __init__(self, width: int, hidden: int, num_experts: int, *, k: int = 2, capacity_ratio: float = 1.05,
                  group_size: int = 8, allocation: str = "vanilla", priority: str = "max",
                  skip_keep_fraction: float = 1.0, router_order: str = "softmax_then_topk",
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
-                 capacity_rounding: str = "round", dispatch: str = "gather", rngs: nnx.Rngs):
+                 capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
+                 layer_name: str = "MoE layer", rngs: nnx.Rngs):
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
+        self.check_finite, self.layer_name = check_finite, layer_name
         self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
 
@@ -83,6 +97,9 @@ class SparseMoE(nnx.Module):
                              f"divisible by {self.group_size} (images per routing group)")
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)
         logits = self.router(groups).astype(jnp.float32)  # (G, N, E)
+        bad = nonfinite_tokens(groups) | nonfinite_tokens(logits)  # (G, N)
+        if self.check_finite:
+            self._check(bad, tokens)
         key = rngs() if (not deterministic and rngs is not None) else None
         capacity = expert_capacity(self.k, groups.shape[1], self.capacity_ratio, self.num_experts,
                                    rounding=self.capacity_rounding)
@@ -101,7 +118,17 @@ class SparseMoE(nnx.Module):
                 aux = self.aux_loss_weight * auxiliary_losses(logits, router.noisy_logits, self.k,
                                                               noise_std=self.noise_std).total
         expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
-        y = apply_experts(groups, routed, expert_fn, implementation=self.dispatch)
+        y = jnp.where(bad[..., None], jnp.nan, apply_experts(groups, routed, expert_fn, implementation=self.dispatch))
         record = RoutingRecord(routed.expert_index, routed.gates, routed.served, routed.priority_rank,
                                routed.expert_fill, capacity)
         return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, record)
+
+    def _check(self, bad: jax.Array, tokens: int) -> None:
+        group = jnp.argmax(jnp.any(bad, axis=1))
+        token = jnp.argmax(bad[group])
+        checkify.check(
+            ~jnp.any(bad),
+            f"{self.layer_name}: non-finite (NaN or inf) features or router logits in routing group {{group}} "
+            f"(token {{token}} of the group, image {{image}} of the batch); the layer input is already non-finite",
+            group=group, token=token, image=(group * self.group_size * tokens + token) // tokens,
+        )

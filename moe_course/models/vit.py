@@ -71,6 +71,10 @@ class ViT(nnx.Module):
         """The MLP of block ``block``: None = the dense MLP. Subclasses (V-MoE) return MoE layers here."""
         return None
 
+    def reduce_aux_losses(self, losses: list[jax.Array]) -> jax.Array:
+        """The model's aux loss from its routed layers' (scalar) aux losses: 0 for a dense ViT; V-MoE overrides."""
+        return jnp.zeros((), jnp.float32)
+
     def embed(self, images: jax.Array) -> jax.Array:
         """images -> tokens (batch, num_tokens, width) with position embeddings (and class token) added."""
         expected = (self.config.image_size, self.config.image_size, self.config.channels)
@@ -90,15 +94,14 @@ class ViT(nnx.Module):
     def __call__(self, images: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  return_attention: bool = False) -> ModelOutput:
         x = self.embed(images)
-        maps, routing, aux_loss = [], [], jnp.zeros((), jnp.float32)
+        maps, routing, aux_losses = [], [], []
         for block in self.blocks:
             x, weights, moe = block(x, deterministic=deterministic, rngs=rngs, return_attention=return_attention)
             maps.append(weights)
             if moe is not None:
                 routing.append(moe.routing)
-                aux_loss = aux_loss + moe.aux_loss
-        if routing:  # V-MoE: the mean of the MoE layers' weighted auxiliary losses (App. A.2)
-            aux_loss = aux_loss / len(routing)
+                aux_losses.append(moe.aux_loss)
+        aux_loss = self.reduce_aux_losses(aux_losses)
         logits = self.head(self.pool(self.norm(x)))
         return ModelOutput(logits=logits, aux_loss=aux_loss, attention=tuple(maps) if return_attention else (),
                            routing=tuple(routing))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import jax
 from flax import nnx
 
 from moe_course.configs.vmoe import VMoEConfig
@@ -15,13 +16,18 @@ ROUTING_SETTINGS = ("k", "capacity_ratio", "allocation", "priority", "skip_keep_
 
 
 class VMoE(ViT):
-    """Call: images (batch, S, S, C) -> ModelOutput with logits, aux_loss (mean over MoE layers of
-    weight * L_aux) and routing (one RoutingRecord per MoE layer, in block order). ``batch`` must be a
-    multiple of ``config.group_size``. Raises ValueError (from VMoEConfig.validate) for an invalid config.
+    """Call: images (batch, S, S, C) -> ModelOutput with logits, aux_loss (mean, or with
+    ``config.aux_loss_reduction="sum"`` the sum as google-research/vmoe does, over the MoE layers of
+    weight * L_aux; App. A.2) and routing (one RoutingRecord per MoE layer, in block order). ``batch`` must be
+    a multiple of ``config.group_size``. Raises ValueError (from VMoEConfig.validate) for an invalid config.
     """
 
     def __init__(self, config: VMoEConfig, *, rngs: nnx.Rngs):
         super().__init__(config, rngs=rngs)
+
+    def reduce_aux_losses(self, losses: list[jax.Array]) -> jax.Array:
+        total = sum(losses)
+        return total / len(losses) if self.config.aux_loss_reduction == "mean" else total
 
     def make_mlp(self, block: int, rngs: nnx.Rngs) -> nnx.Module | None:
         c = self.config
@@ -32,7 +38,7 @@ class VMoE(ViT):
             allocation=c.allocation, priority=c.priority, skip_keep_fraction=c.skip_keep_fraction,
             router_order=c.router_order, noise_std=c.noise_std, expert_dropout=c.expert_dropout,
             aux_loss_weight=c.aux_loss_weight, capacity_rounding=c.capacity_rounding, dispatch=c.dispatch,
-            rngs=rngs,
+            check_finite=c.check_finite, layer_name=f"block {block} MoE", rngs=rngs,
         )
 
     def moe_layers(self) -> list[SparseMoE]:

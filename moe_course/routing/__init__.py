@@ -85,6 +85,7 @@ from moe_course.routing.router import (
     RouterOutput,
     add_router_noise,
     default_noise_std,
+    nonfinite_tokens,
     router_probabilities,
     top_k_routing,
 )
@@ -138,6 +139,7 @@ __all__ = [
     "mod_capacity",
     "mod_gate",
     "mod_select",
+    "nonfinite_tokens",
     "priority_scores",
     "round_count",
     "router_probabilities",

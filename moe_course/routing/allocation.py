@@ -15,6 +15,12 @@ choice its position in its expert's buffer; positions >= B are dropped; the inve
 result back into token order. Memory is (groups, k * tokens, experts) -- linear in the group size.
 
 Experts-choice routing (Zhou et al. 2022) turns the question round: each expert takes its B best tokens.
+
+Non-finite gates (a token whose router logits hold a NaN or inf; see ``router``): such a token takes part
+in no allocation -- all its choices are dropped (slot -1), so it can neither take a finite token's slot nor
+carry its NaN into an expert buffer -- and BPR ranks it last. Its gates stay NaN, and ``combine_weights``
+keeps them, so the combine returns NaN for that token: the non-finite value is never turned into a 0.
+Experts choice takes such a token only after every finite one.
 """
 
 from __future__ import annotations
@@ -67,8 +73,10 @@ class Allocation:
 
     @property
     def combine_weights(self) -> jax.Array:
-        """(groups, tokens, k): the gates of served choices, 0 for dropped ones."""
-        return jnp.where(self.served, self.gates, jnp.zeros_like(self.gates))
+        """(groups, tokens, k): the gates of served choices, 0 for dropped ones -- except a non-finite gate,
+        which is kept, so that a token with non-finite gates comes out non-finite instead of 0."""
+        keep = self.served | ~jnp.isfinite(self.gates)
+        return jnp.where(keep, self.gates, jnp.zeros_like(self.gates))
 
     @property
     def expert_fill(self) -> jax.Array:
@@ -119,26 +127,31 @@ def _check_choices(expert_index, gates, num_experts, capacity) -> None:
 
 
 def allocate_in_order(
-    expert_index: jax.Array, order: jax.Array, capacity: int, num_experts: int, *, num_kept: int | None = None
+    expert_index: jax.Array, order: jax.Array, capacity: int, num_experts: int, *, num_kept: int | None = None,
+    excluded: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Fill the expert buffers K-major, visiting tokens in ``order`` (the common core of Algorithms 1-3).
 
     expert_index: (groups, tokens, k) int. order: (groups, tokens) int, a permutation per group; order[g, r]
     is the token processed r-th. num_kept: only the first ``num_kept`` tokens of the order take part (the
-    rest are skipped: skip-patch); None = all. Returns (slot (groups, tokens, k) int32 with -1 for dropped
-    choices, priority_rank (groups, tokens) int32 = the inverse permutation of ``order``).
+    rest are skipped: skip-patch); None = all. excluded: (groups, tokens) bool or None; True tokens take no
+    slot at all (non-finite gates). Returns (slot (groups, tokens, k) int32 with -1 for dropped choices,
+    priority_rank (groups, tokens) int32 = the inverse permutation of ``order``).
     """
     groups, tokens, k = expert_index.shape
     in_order = jnp.take_along_axis(expert_index, order[..., None], axis=1)  # (G, T, k), processing order
     choices = jnp.swapaxes(in_order, 1, 2).reshape(groups, k * tokens)  # K-major: all TOP-1, then TOP-2 ...
     one_hot = jax.nn.one_hot(choices, num_experts, dtype=jnp.int32)  # (G, k*T, E)
-    taking_part = jnp.ones((k * tokens,), bool)
+    taking_part = jnp.ones((groups, tokens), bool)  # in processing order
     if num_kept is not None and num_kept < tokens:
-        taking_part = jnp.tile(jnp.arange(tokens) < num_kept, k)
-        one_hot = one_hot * taking_part[None, :, None]
+        taking_part = taking_part & (jnp.arange(tokens) < num_kept)
+    if excluded is not None:
+        taking_part = taking_part & ~jnp.take_along_axis(excluded, order, axis=1)
+    taking_part = jnp.tile(taking_part, (1, k))  # (G, k*T), K-major like ``choices``
+    one_hot = one_hot * taking_part[..., None]
     # Position of each choice among the earlier choices of the same expert = its buffer slot if < capacity.
     position = jnp.take_along_axis(jnp.cumsum(one_hot, axis=1), choices[..., None], axis=2)[..., 0] - 1
-    slot = jnp.where(taking_part[None, :] & (position < capacity), position, -1).astype(jnp.int32)
+    slot = jnp.where(taking_part & (position < capacity), position, -1).astype(jnp.int32)
     slot = jnp.swapaxes(slot.reshape(groups, k, tokens), 1, 2)  # (G, T, k), still in processing order
     rank = jnp.argsort(order, axis=1).astype(jnp.int32)  # inverse permutation: token -> place in the order
     return jnp.take_along_axis(slot, rank[..., None], axis=1), rank
@@ -154,13 +167,20 @@ def vanilla_allocation(expert_index: jax.Array, gates: jax.Array, capacity: int,
     _check_choices(expert_index, gates, num_experts, capacity)
     groups, tokens, _ = jnp.shape(expert_index)
     order = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (groups, tokens))
-    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts)
+    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts,
+                                   excluded=_nonfinite(gates))
     return Allocation(jnp.asarray(expert_index, jnp.int32), jnp.asarray(gates), slot, rank, num_experts, capacity)
+
+
+def _nonfinite(gates: jax.Array) -> jax.Array:
+    return ~jnp.all(jnp.isfinite(jnp.asarray(gates)), axis=-1)
 
 
 def _priority_order(gates: jax.Array, score: str) -> jax.Array:
     # Highest score first; a stable sort keeps equal-score tokens in group order (lower token index first).
-    return jnp.argsort(-priority_scores(gates, score=score), axis=1, stable=True).astype(jnp.int32)
+    # Tokens with non-finite gates come last (their NaN score would otherwise sort by the backend's rule).
+    scores = jnp.where(_nonfinite(gates), -jnp.inf, priority_scores(gates, score=score))
+    return jnp.argsort(-scores, axis=1, stable=True).astype(jnp.int32)
 
 
 def batch_prioritized_allocation(
@@ -174,7 +194,8 @@ def batch_prioritized_allocation(
     """
     _check_choices(expert_index, gates, num_experts, capacity)
     order = _priority_order(jnp.asarray(gates), score)
-    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts)
+    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts,
+                                   excluded=_nonfinite(gates))
     return Allocation(jnp.asarray(expert_index, jnp.int32), jnp.asarray(gates), slot, rank, num_experts, capacity)
 
 
@@ -196,7 +217,8 @@ def skip_patch_allocation(
     _check_choices(expert_index, gates, num_experts, capacity)
     num_kept = kept_tokens(jnp.shape(expert_index)[1], keep_fraction)
     order = _priority_order(jnp.asarray(gates), score)
-    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts, num_kept=num_kept)
+    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts, num_kept=num_kept,
+                                   excluded=_nonfinite(gates))
     return Allocation(jnp.asarray(expert_index, jnp.int32), jnp.asarray(gates), slot, rank, num_experts, capacity)
 
 
@@ -250,8 +272,10 @@ def experts_choice_allocation(probs: jax.Array, capacity: int) -> ExpertsChoice:
     check_ndim("probs", probs, 3, "(groups, tokens, experts)")
     check_floating("probs", probs)
     capacity = check_int("capacity", capacity, minimum=1, maximum=jnp.shape(probs)[1])
-    weights, token_index = jax.lax.top_k(jnp.swapaxes(jnp.asarray(probs), 1, 2), capacity)
-    return ExpertsChoice(token_index.astype(jnp.int32), weights)
+    probs = jnp.swapaxes(jnp.asarray(probs), 1, 2)  # (G, E, T)
+    scores = jnp.where(_nonfinite(jnp.swapaxes(probs, 1, 2))[:, None, :], -jnp.inf, probs)  # non-finite last
+    token_index = jax.lax.top_k(scores, capacity)[1]
+    return ExpertsChoice(token_index.astype(jnp.int32), jnp.take_along_axis(probs, token_index, axis=2))
 
 
 def experts_choice_as_allocation(choice: ExpertsChoice, num_tokens: int) -> Allocation:

@@ -13,6 +13,12 @@ quadratic in the group size.
 (an empty slot points at an appended zero token), the buffers are gathered, and each choice gathers its
 slot's output. Memory is linear in the group size. The two agree in outputs and in gradients with respect
 to x, the gates and the expert outputs.
+
+Non-finite values (one documented behaviour for both): a NaN or inf entry goes exactly where its token or
+slot goes and nowhere else, and arrives there as NaN. An einsum would spread it, since 0 * NaN = NaN puts
+it into every slot (dispatch) or every token (combine) of the group; so the einsums run on the finite
+entries and a second einsum of the non-finite indicator marks the entries that received one. A token with
+non-finite gates (see ``allocation``) comes out NaN from both combines.
 """
 
 from __future__ import annotations
@@ -70,16 +76,34 @@ def combine_tensor(allocation: Allocation, dtype=jnp.float32) -> jax.Array:
     return jnp.einsum("gtk,gtke,gtkb->gteb", allocation.gates.astype(dtype), experts, slots)
 
 
+def _confined_einsum(spec: str, weights: jax.Array, indicator: jax.Array, values: jax.Array) -> jax.Array:
+    """``einsum(spec, weights, values)`` without spreading non-finite entries of ``values`` through zeros of
+    ``weights``: an output entry is NaN where ``indicator`` (same layout as ``weights``, 1 where an entry of
+    ``values`` really flows into the output) carries a non-finite entry there, else the einsum of the finite
+    entries."""
+    finite = jnp.isfinite(values)
+    out = jnp.einsum(spec, weights, jnp.where(finite, values, jnp.zeros_like(values)))
+    hit = jnp.einsum(spec, indicator, (~finite).astype(indicator.dtype))
+    return jnp.where(hit > 0, jnp.nan, out)
+
+
+def _nan_if_nonfinite(values: jax.Array) -> jax.Array:
+    return jnp.where(jnp.isfinite(values), values, jnp.nan)
+
+
 def einsum_dispatch(x: jax.Array, allocation: Allocation) -> jax.Array:
     """x (groups, tokens, dim) -> expert inputs (groups, experts, capacity, dim) via the dispatch tensor."""
     _check_tokens(x, allocation)
-    return jnp.einsum("gteb,gtd->gebd", dispatch_tensor(allocation, x.dtype), x)
+    dispatch = dispatch_tensor(allocation, x.dtype)
+    return _confined_einsum("gteb,gtd->gebd", dispatch, dispatch, x)
 
 
 def einsum_combine(expert_outputs: jax.Array, allocation: Allocation) -> jax.Array:
     """expert outputs (groups, experts, capacity, dim) -> (groups, tokens, dim) via the combine tensor."""
     _check_buffers(expert_outputs, allocation)
-    return jnp.einsum("gteb,gebd->gtd", combine_tensor(allocation, expert_outputs.dtype), expert_outputs)
+    dtype = expert_outputs.dtype
+    return _confined_einsum("gteb,gebd->gtd", combine_tensor(allocation, dtype), dispatch_tensor(allocation, dtype),
+                            expert_outputs)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -112,7 +136,7 @@ def gather_dispatch(x: jax.Array, allocation: Allocation) -> jax.Array:
     groups, _, dim = x.shape
     padded = jnp.concatenate([x, jnp.zeros((groups, 1, dim), x.dtype)], axis=1)  # token ``tokens`` is zero
     index = buffer_token_index(allocation).reshape(groups, -1)
-    gathered = jnp.take_along_axis(padded, index[..., None], axis=1)
+    gathered = _nan_if_nonfinite(jnp.take_along_axis(padded, index[..., None], axis=1))
     return gathered.reshape(groups, allocation.num_experts, allocation.capacity, dim)
 
 
@@ -125,7 +149,7 @@ def gather_combine(expert_outputs: jax.Array, allocation: Allocation) -> jax.Arr
     flat = jnp.concatenate([flat, jnp.zeros((groups, 1, dim), flat.dtype)], axis=1)  # dropped -> zero row
     picked = jnp.take_along_axis(flat, _flat_slot(allocation).reshape(groups, tokens * k)[..., None], axis=1)
     weights = allocation.combine_weights.astype(expert_outputs.dtype)
-    return jnp.einsum("gtk,gtkd->gtd", weights, picked.reshape(groups, tokens, k, dim))
+    return _nan_if_nonfinite(jnp.einsum("gtk,gtkd->gtd", weights, picked.reshape(groups, tokens, k, dim)))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -9,6 +9,12 @@ that gate is always exactly 1 and the router gets no gradient through it (V-MoE 
 orders are available here for that ablation.
 
 The logits ``W x`` are computed by the caller (the layer owns ``W``); these functions see only arrays.
+
+Non-finite logits. A token with any NaN or infinite logit (a NaN or inf in its features makes them so) has
+no meaningful ranking of experts: the softmax of a row holding +inf is NaN everywhere, and TOP_k would then
+silently pick experts 0, 1, ... by index. Such a token's probabilities and gates are therefore all NaN
+(``nonfinite_tokens`` finds them); the allocation gives it no buffer slot and ``combine`` returns NaN for
+it, so the NaN shows in that token's output and nowhere else (see ``allocation`` and ``dispatch``).
 """
 
 from __future__ import annotations
@@ -63,12 +69,22 @@ class RouterOutput(NamedTuple):
     noisy_logits: jax.Array
 
 
+def nonfinite_tokens(values: jax.Array) -> jax.Array:
+    """(..., n) -> (...) bool: True for every row (token) holding a NaN or an infinity."""
+    return ~jnp.all(jnp.isfinite(values), axis=-1)
+
+
+def _nan_where_nonfinite(values: jax.Array, logits: jax.Array) -> jax.Array:
+    return jnp.where(nonfinite_tokens(logits)[..., None], jnp.nan, values)
+
+
 def router_probabilities(logits: jax.Array, key: jax.Array | None = None, *, noise_std: float | None = None) -> jax.Array:
     """softmax over experts of the (noisy) logits: (..., experts) -> (..., experts) float32, rows sum to 1.
 
-    Noise as in ``add_router_noise``: only when ``key`` is given.
+    Noise as in ``add_router_noise``: only when ``key`` is given. A row with a non-finite logit is all NaN.
     """
-    return jax.nn.softmax(add_router_noise(logits, key, noise_std=noise_std), axis=-1)
+    noisy = add_router_noise(logits, key, noise_std=noise_std)
+    return _nan_where_nonfinite(jax.nn.softmax(noisy, axis=-1), noisy)
 
 
 def top_k_routing(
@@ -88,8 +104,9 @@ def top_k_routing(
     order: "softmax_then_topk" (V-MoE, default): gates are the k largest entries of softmax(W x + eps),
         NOT renormalised. "topk_then_softmax" (Shazeer et al. 2017): the same k experts, but the gates are a
         softmax over the k selected noisy logits only, so they sum to 1 (and are all 1 when k = 1).
-    Returns a ``RouterOutput``. Raises ValueError naming ``k``, ``order``, ``noise_std`` or ``logits`` when
-    one of them is not allowed.
+    Returns a ``RouterOutput``; a token with a non-finite logit gets NaN probs and gates (its expert_index is
+    then meaningless; see the module docstring). Raises ValueError naming ``k``, ``order``, ``noise_std`` or
+    ``logits`` when one of them is not allowed.
     """
     check_floating("logits", logits)
     if jnp.ndim(logits) < 1:
@@ -98,10 +115,10 @@ def top_k_routing(
     k = check_int("k", k, minimum=1, maximum=num_experts)
     check_choice("order", order, ORDERS)
     noisy = add_router_noise(logits, key, noise_std=noise_std)
-    probs = jax.nn.softmax(noisy, axis=-1)
+    probs = _nan_where_nonfinite(jax.nn.softmax(noisy, axis=-1), noisy)
     if order == "softmax_then_topk":
         gates, expert_index = jax.lax.top_k(probs, k)
     else:
         top_logits, expert_index = jax.lax.top_k(noisy, k)
         gates = jax.nn.softmax(top_logits, axis=-1)
-    return RouterOutput(expert_index.astype(jnp.int32), gates, probs, noisy)
+    return RouterOutput(expert_index.astype(jnp.int32), _nan_where_nonfinite(gates, noisy), probs, noisy)

@@ -3,6 +3,7 @@
 from moe_course.train.config import TrainConfig
 from moe_course.train.devices import PaperScaleOnCPUWarning, report_devices
 from moe_course.train.evaluate import evaluate
-from moe_course.train.loop import TrainResult, train
+from moe_course.train.loop import TrainingDiverged, TrainResult, train
 
-__all__ = ["PaperScaleOnCPUWarning", "TrainConfig", "TrainResult", "evaluate", "report_devices", "train"]
+__all__ = ["PaperScaleOnCPUWarning", "TrainConfig", "TrainResult", "TrainingDiverged", "evaluate", "report_devices",
+           "train"]

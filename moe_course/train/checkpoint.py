@@ -3,6 +3,10 @@
 Layout: ``workdir/run.json`` (the model and train configs, written once, atomically) and
 ``workdir/checkpoints/<step>/`` (orbax; a step directory appears only when complete, so a run killed while
 saving leaves the previous checkpoint intact).
+
+A checkpoint damaged after it was written (a truncated file: a full disk, a bad copy) is skipped when
+restoring: ``restore_newest`` says in one line which step is damaged and which one is used instead, and
+raises ``WorkdirError`` naming the workdir when none restores.
 """
 
 from __future__ import annotations
@@ -10,11 +14,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+
+class WorkdirError(ValueError):
+    """A run directory (``--workdir``) is missing, holds no run, or none of its checkpoints restores."""
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    """The root cause of ``exc`` on one line, shortened (orbax wraps tensorstore's message several times)."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:limit]}{'...' if len(text) > limit else ''}"
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -36,6 +53,10 @@ class RunCheckpoints:
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
 
+    def steps(self) -> list[int]:
+        """Every checkpoint step on disk, oldest first."""
+        return sorted(self._manager.all_steps())
+
     def save(self, step: int, state: dict[str, Any], history: list[dict]) -> None:
         """Write the checkpoint of ``step`` (state: a pytree of arrays) and block until it is on disk."""
         self._manager.save(
@@ -53,11 +74,49 @@ class RunCheckpoints:
         )
         return restored.state, list(restored.history)
 
-    def check_run_config(self, configs: dict[str, Any]) -> None:
+    def restore_newest(self, like: dict[str, Any], *, set_aside_damaged: bool = False
+                       ) -> tuple[int, dict[str, Any], list[dict]] | None:
+        """(step, state, history) of the newest checkpoint that restores, or None when there is no checkpoint.
+
+        A checkpoint that fails to restore is reported in one line on stderr, naming it and the step used
+        instead. ``set_aside_damaged`` (for a run that will train on) renames damaged step directories to
+        ``<step>.damaged`` so that the steps saved again later do not collide with them.
+        Raises WorkdirError naming the workdir when no checkpoint restores.
+        """
+        steps = self.steps()[::-1]
+        if not steps:
+            return None
+        damaged: list[str] = []
+        for step in steps:
+            try:
+                state, history = self.restore(step, like)
+            except Exception as exc:  # orbax/tensorstore raise many types for a damaged file; report, try older
+                damaged.append(f"step {step} ({_first_line(exc)})")
+                continue
+            if damaged:
+                moved = self._set_aside(steps[:len(damaged)]) if set_aside_damaged else ""
+                print(f"the checkpoint of {'; '.join(damaged)} in {self.workdir / 'checkpoints'} is damaged{moved}; "
+                      f"using the checkpoint of step {step}", file=sys.stderr)
+            return step, state, history
+        raise WorkdirError(
+            f"{self.workdir}: none of the checkpoints restores ({'; '.join(damaged)}); move "
+            f"{self.workdir / 'checkpoints'} away to start the run afresh, or restore it from a good copy"
+        )
+
+    def _set_aside(self, steps: list[int]) -> str:
+        root = self.workdir / "checkpoints"
+        for step in steps:
+            os.replace(root / str(step), root / f"{step}.damaged")
+        self._manager.reload()
+        return f", moved to {', '.join(f'{s}.damaged' for s in steps)}"
+
+    def check_run_config(self, configs: dict[str, Any], defaults: dict[str, dict] | None = None) -> None:
         """``configs``: {section: dataclass or flat dict}. Record the run's configs on first use; later, refuse to resume into a different model or data.
 
         Raises ValueError naming each field whose value differs from the one the checkpoints were made with
-        (``train.steps`` may change: it extends or shortens the schedule).
+        (``train.steps`` may change: it extends or shortens the schedule). ``defaults`` {section: {field:
+        default}}: a field that the saved record lacks (a field added to the library after the run was made)
+        matches when the value now is its default, which is what the older run used.
         """
         record = {k: dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v for k, v in configs.items()}
         record = json.loads(json.dumps(record))  # tuples -> lists, as they come back from disk
@@ -66,6 +125,10 @@ class RunCheckpoints:
             _atomic_write_text(path, json.dumps(record, indent=2, sort_keys=True))
             return
         saved = json.loads(path.read_text())
+        defaults = json.loads(json.dumps(defaults or {}))
+        for section, fields in saved.items():
+            for field, value in defaults.get(section, {}).items():
+                fields.setdefault(field, value)
         diffs = [
             f"{section}.{field}: saved {saved.get(section, {}).get(field)!r}, now {value!r}"
             for section, fields in record.items()

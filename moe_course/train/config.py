@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from moe_course.checks import check_integers, replace_validated
+from moe_course.checks import check_choices, check_integers, check_number, replace_validated
 
 DECAYS = ("cosine", "linear")
 
@@ -20,6 +21,7 @@ class TrainConfig:
     seed: parameter init, dropout/noise keys and data order. log_every / eval_every / checkpoint_every: in
     steps (0 = never; the last step always logs, evaluates and checkpoints). keep_checkpoints: newest kept.
     eval_batch_size: examples per evaluation batch.
+    Raises ValueError from ``validate`` (and ``replace``) naming the field, e.g. ``warmup_steps`` > ``steps``.
     """
 
     steps: int = 1000
@@ -37,6 +39,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     eval_batch_size: int = 512
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"decay": DECAYS}
+
     def replace(self, **changes) -> "TrainConfig":
         """A copy with ``changes`` applied, validated. Unknown fields raise ValueError."""
         return replace_validated(self, changes)
@@ -45,13 +49,12 @@ class TrainConfig:
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
         check_integers(self, ("steps", "batch_size", "keep_checkpoints", "eval_batch_size"), minimum=1)
         check_integers(self, ("warmup_steps", "log_every", "eval_every", "checkpoint_every", "seed"), minimum=0)
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate={self.learning_rate} is not allowed; use a value > 0")
-        if not 0 <= self.end_lr_ratio <= 1:
-            raise ValueError(f"end_lr_ratio={self.end_lr_ratio} is not allowed; use 0 <= ratio <= 1")
-        if self.decay not in DECAYS:
-            raise ValueError(f"decay={self.decay!r} is not allowed; use one of {', '.join(DECAYS)}")
-        for field in ("weight_decay", "grad_clip"):
-            if getattr(self, field) < 0:
-                raise ValueError(f"{field}={getattr(self, field)} is not allowed; use a value >= 0")
+        check_number(self, "learning_rate", minimum=0, above_minimum=True)
+        check_number(self, "end_lr_ratio", minimum=0, maximum=1)
+        check_choices(self)
+        check_number(self, "weight_decay", minimum=0)
+        check_number(self, "grad_clip", minimum=0)
+        if self.warmup_steps > self.steps:  # the learning rate would never leave warm-up
+            raise ValueError(f"warmup_steps={self.warmup_steps} is larger than steps={self.steps}: the run would "
+                             f"end inside its learning-rate warm-up; use warmup_steps <= {self.steps}")
         return self

@@ -6,7 +6,7 @@ import numpy as np
 from flax import nnx
 
 from moe_course.data.base import ImageDataset, eval_batches
-from moe_course.train.steps import make_eval_step
+from moe_course.train.steps import checks_enabled, make_eval_step
 
 
 def pad_batch(batch: dict[str, np.ndarray], size: int) -> dict[str, np.ndarray]:
@@ -33,7 +33,7 @@ def evaluate(model: nnx.Module, dataset: ImageDataset, split: str = "test", *, b
     """
     if eval_step is None:
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        eval_step = make_eval_step(graphdef)
+        eval_step = make_eval_step(graphdef, checked=checks_enabled(getattr(model, "config", None)))
     else:
         _, params, rest = nnx.split(model, nnx.Param, ...)
     loss_sum = correct = count = 0.0

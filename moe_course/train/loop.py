@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import queue
 import threading
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Iterator
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from tqdm.auto import tqdm
@@ -21,7 +24,7 @@ from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
 from moe_course.train.evaluate import evaluate
 from moe_course.train.optim import learning_rate_schedule, make_optimizer
-from moe_course.train.steps import make_eval_step, make_train_step
+from moe_course.train.steps import checks_enabled, make_eval_step, make_train_step
 
 
 @dataclass
@@ -38,27 +41,60 @@ class TrainResult:
 
 
 def _prefetch(iterator: Iterator, size: int = 2) -> Iterator:
-    """Build the next batches in a background thread while the device runs the current step."""
+    """Build the next batches in a background thread while the device runs the current step.
+
+    An exception raised while building a batch (e.g. the DataError of a corrupt image file) is handed to
+    the consumer and raised there, in order, when it asks for that batch: it never dies with the thread
+    while the consumer waits on an empty queue.
+    """
     q: queue.Queue = queue.Queue(maxsize=size)
     stop = threading.Event()
 
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def work():
-        for item in iterator:
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
+        try:
+            for item in iterator:
+                if not put((item, None)):
+                    return
+        except BaseException as exc:  # any failure, handed over rather than printed by the dying thread
+            put((None, exc))
+            return
+        put((None, StopIteration()))
 
     threading.Thread(target=work, daemon=True).start()
     try:
         while True:
-            yield q.get()
+            item, failure = q.get()
+            if isinstance(failure, StopIteration):
+                return
+            if failure is not None:
+                raise failure
+            yield item
     finally:
         stop.set()
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the parameters became NaN or infinite. step: the first step where it was seen.
+    last_checkpoint: the newest checkpoint step on disk (all written before the divergence), or None.
+    history: the metric records logged before the divergence."""
+
+    def __init__(self, message: str, *, step: int, last_checkpoint: int | None, history: list[dict]):
+        super().__init__(message)
+        self.step, self.last_checkpoint, self.history = step, last_checkpoint, history
+
+
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]))
 
 
 def check_compatible(model_config, dataset: ImageDataset, config: TrainConfig) -> None:
@@ -83,6 +119,27 @@ def check_compatible(model_config, dataset: ImageDataset, config: TrainConfig) -
         )
 
 
+def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, last_saved: int | None,
+                  workdir, history: list[dict]) -> None:
+    """Raise TrainingDiverged at the first non-finite loss in ``losses``, or for non-finite params before a save."""
+    bad = next(((step, float(loss)) for step, loss in losses if not math.isfinite(float(loss))), None)
+    if bad is None and saving and not bool(_all_finite(params)):
+        bad = (losses[-1][0], None)
+    if bad is None:
+        return
+    step, loss = bad
+    what = f"the loss became {loss}" if loss is not None else "the parameters became non-finite (NaN or inf)"
+    if last_saved is not None:
+        keep = f"the last good checkpoint is step {last_saved} in {Path(workdir) / 'checkpoints'}"
+    else:
+        keep = "no checkpoint was written" if workdir is not None else "no workdir, so no checkpoint"
+    raise TrainingDiverged(
+        f"training diverged: {what} at step {step}; {keep}, and none is written from step {step} on; "
+        "lower the learning rate or lengthen the warm-up and start again",
+        step=step, last_checkpoint=last_saved, history=list(history),
+    )
+
+
 def train(
     model_config,
     dataset: ImageDataset,
@@ -102,6 +159,11 @@ def train(
     model's weights instead of a fresh initialisation (fine-tuning, e.g. an MoD ViT adapted from a pretrained
     ViT); its config must equal ``model_config``, and a checkpoint in ``workdir`` still takes precedence. Every config problem raises ValueError before any
     compilation.
+
+    Divergence: the per-step losses are checked whenever metrics are logged and before every checkpoint, and
+    the parameters before every checkpoint. A NaN or infinite value raises ``TrainingDiverged`` naming the
+    first bad step and the last good checkpoint; no checkpoint is written from that step on, and the
+    checkpoints on disk (with their histories) stay as they were.
     """
     model_config.validate()
     config.validate()
@@ -122,22 +184,26 @@ def train(
         checkpoints = RunCheckpoints(workdir, keep=config.keep_checkpoints)
         checkpoints.check_run_config(
             {"model": config_to_dict(model_config), "train": config,
-             "data": {"name": dataset.name, "shape": list(dataset.image_shape)}}
+             "data": {"name": dataset.name, "shape": list(dataset.image_shape)}},
+            defaults={"model": config_to_dict(type(model_config)()), "train": dataclasses.asdict(TrainConfig())},
         )
-        latest = checkpoints.latest_step()
-        if latest is not None:
-            state, history = checkpoints.restore(latest, {"params": params, "opt_state": opt_state})
+        newest = checkpoints.restore_newest({"params": params, "opt_state": opt_state}, set_aside_damaged=True)
+        if newest is not None:
+            latest, state, history = newest
             params, opt_state = state["params"], state["opt_state"]
             start_step = resumed_from = latest
             print(f"Resuming from the checkpoint of step {latest} in {checkpoints.workdir}")
 
-    train_step = make_train_step(graphdef, tx)
-    eval_step = make_eval_step(graphdef)
+    checked = checks_enabled(model_config)
+    train_step = make_train_step(graphdef, tx, checked=checked)
+    eval_step = make_eval_step(graphdef, checked=checked)
     schedule = learning_rate_schedule(config)
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     batches = _prefetch(train_batches(dataset, config.batch_size, seed=config.seed, start_step=start_step))
     window: list[dict] = []
+    unchecked: list[tuple[int, jax.Array]] = []  # (step, loss) since the last finiteness check
+    last_saved = resumed_from
     # smoothing=0: the rate shown is steps done / time elapsed. The default moving average swings wildly when
     # steps arrive in bursts (asynchronous dispatch, or two runs trained side by side in threads).
     bar = tqdm(total=config.steps, initial=start_step, desc=f"train {model_config.name}", disable=not progress,
@@ -154,7 +220,14 @@ def train(
                 jax.random.fold_in(base_key, step),
             )
             window.append(metrics)
-            if due(config.log_every, step) or due(config.eval_every, step) or step == last:
+            unchecked.append((step, metrics["loss"]))
+            saving = checkpoints is not None and due(config.checkpoint_every, step)
+            logged = due(config.log_every, step) or due(config.eval_every, step) or step == last
+            if saving or logged:
+                _check_finite(unchecked, params, saving=saving, last_saved=last_saved, workdir=workdir,
+                              history=history)
+                unchecked = []
+            if logged:
                 means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
                 record = {"step": step, "epoch": (step - 1) // per_epoch, **means,
                           "learning_rate": float(schedule(step - 1)),
@@ -167,8 +240,9 @@ def train(
                 history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}", refresh=False)
             bar.update(1)
-            if checkpoints is not None and due(config.checkpoint_every, step):
+            if saving:
                 checkpoints.save(step, {"params": params, "opt_state": opt_state}, history)
+                last_saved = step
     finally:
         bar.close()
         batches.close()

@@ -9,9 +9,8 @@ from pathlib import Path
 from flax import nnx
 
 from moe_course.configs import config_from_dict
-from moe_course.data.base import DataError
 from moe_course.models import build_model
-from moe_course.train.checkpoint import RunCheckpoints
+from moe_course.train.checkpoint import RunCheckpoints, WorkdirError
 from moe_course.train.config import TrainConfig
 from moe_course.train.optim import make_optimizer
 
@@ -28,12 +27,16 @@ class TrainedRun:
     history: list[dict]
 
 
-def load_run(workdir: str | Path) -> TrainedRun:
-    """The newest checkpoint of the run in ``workdir``. Raises DataError when there is none."""
+def load_run(workdir: str | Path, step: int | None = None) -> TrainedRun:
+    """The newest checkpoint of the run in ``workdir`` that restores (a damaged newer one is skipped, saying so),
+    or with ``step`` exactly that checkpoint (its restore errors propagate).
+
+    Raises WorkdirError (a ValueError) naming the path when there is no run, no checkpoint, or none restores.
+    """
     workdir = Path(workdir)
     record_path = workdir / "run.json"
     if not record_path.is_file():
-        raise DataError(f"{record_path}: not found; expected a run directory written by `moe-course train`")
+        raise WorkdirError(f"{record_path}: not found; expected a run directory written by `moe-course train`")
     record = json.loads(record_path.read_text())
     model_config = config_from_dict(record["model"])
     train_config = TrainConfig(**record["train"]).validate()
@@ -41,11 +44,12 @@ def load_run(workdir: str | Path) -> TrainedRun:
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     checkpoints = RunCheckpoints(workdir, keep=train_config.keep_checkpoints)
     try:
-        step = checkpoints.latest_step()
-        if step is None:
-            raise DataError(f"{workdir / 'checkpoints'}: no checkpoint; expected at least one saved step")
         opt_state = make_optimizer(train_config).init(params)
-        state, history = checkpoints.restore(step, {"params": params, "opt_state": opt_state})
+        like = {"params": params, "opt_state": opt_state}
+        newest = checkpoints.restore_newest(like) if step is None else (step, *checkpoints.restore(step, like))
+        if newest is None:
+            raise WorkdirError(f"{workdir / 'checkpoints'}: no checkpoint; expected at least one saved step")
+        step, state, history = newest
     finally:
         checkpoints.close()
     return TrainedRun(nnx.merge(graphdef, state["params"], rest), model_config, train_config, record["data"],

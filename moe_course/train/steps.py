@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.experimental import checkify
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -15,11 +16,31 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
 
 
-def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation) -> Callable:
+def checks_enabled(config) -> bool:
+    """True when a model config asks for checkify checks (``check_finite``, V-MoE's debug mode)."""
+    return bool(getattr(config, "check_finite", False))
+
+
+def _jit(step: Callable, checked: bool) -> Callable:
+    """jax.jit(step); with ``checked``, functionalised by checkify first, raising the first failed check."""
+    if not checked:
+        return jax.jit(step)
+    compiled = jax.jit(checkify.checkify(step, errors=checkify.user_checks))
+
+    def run(*args):
+        error, out = compiled(*args)
+        error.throw()
+        return out
+
+    return run
+
+
+def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, checked: bool = False) -> Callable:
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
     metrics: loss (task + aux), task_loss, aux_loss, accuracy -- batch means, float32 scalars.
-    ``key`` drives every random draw of the step (dropout, router noise).
+    ``key`` drives every random draw of the step (dropout, router noise). ``checked``: run the model's
+    checkify checks and raise the first that fails (JaxRuntimeError, a ValueError); costs one sync per step.
     """
 
     def loss_fn(params, rest, batch, key):
@@ -29,19 +50,18 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation) ->
         accuracy = (out.logits.argmax(-1) == batch["label"]).mean()
         return task + out.aux_loss, {"task_loss": task, "aux_loss": out.aux_loss, "accuracy": accuracy}
 
-    @jax.jit
     def train_step(params, rest, opt_state, batch, key):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch, key)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
 
-    return train_step
+    return _jit(train_step, checked)
 
 
-def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
-    """jit(params, rest, batch) -> (summed loss, correct count, example count) over rows with mask = 1."""
+def make_eval_step(graphdef: nnx.GraphDef, *, checked: bool = False) -> Callable:
+    """jit(params, rest, batch) -> (summed loss, correct count, example count) over rows with mask = 1.
+    ``checked`` as in ``make_train_step``."""
 
-    @jax.jit
     def eval_step(params, rest, batch: dict[str, Any]):
         model = nnx.merge(graphdef, params, rest)
         logits = model(batch["image"], deterministic=True).logits
@@ -49,4 +69,4 @@ def make_eval_step(graphdef: nnx.GraphDef) -> Callable:
         mask = batch["mask"]
         return (losses * mask).sum(), ((logits.argmax(-1) == batch["label"]) * mask).sum(), mask.sum()
 
-    return eval_step
+    return _jit(eval_step, checked)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -115,7 +116,7 @@ def _adapted_model(init_from: str, model_config):
     if type(run.model) is not ViT:
         raise ValueError(f"--init-from {init_from}: it holds a {type(run.model).__name__}; use a dense ViT run "
                          f"(moe-course train vit ...)")
-    for field in ViTConfig.__dataclass_fields__:
+    for field in (f.name for f in dataclasses.fields(ViTConfig)):
         if field != "name" and getattr(run.model_config, field) != getattr(model_config, field):
             raise ValueError(f"--init-from {init_from}: its {field}={getattr(run.model_config, field)!r} differs from "
                              f"{field}={getattr(model_config, field)!r} of {model_config.name}; adapt a ViT of the "

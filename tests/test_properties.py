@@ -14,7 +14,6 @@ import typing
 import warnings
 from unittest import mock
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

@@ -9,9 +9,10 @@ patch tokens, so that 12.5% capacity still keeps 8 of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import ClassVar
 
-from moe_course.checks import check_integers
+from moe_course.checks import check_choices, check_integers
 from moe_course.configs.vit import VIT_PRESETS, ViTConfig
 from moe_course.routing.mod import MOD_ROUTERS, mod_capacity
 
@@ -34,6 +35,9 @@ class MoDConfig(ViTConfig):
     mod_placement: str = "every-2"
     mod_last_n: int = 2
 
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        **ViTConfig.CHOICES, "router": MOD_ROUTERS, "mod_placement": MOD_PLACEMENTS}
+
     def mod_blocks(self) -> tuple[int, ...]:
         """Indices (from 0) of the MoD blocks. Block 0 is never one: attention routing needs a previous block."""
         candidates = tuple(range(1, self.depth, 2))
@@ -43,9 +47,7 @@ class MoDConfig(ViTConfig):
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
         super().validate()
         mod_capacity(self.num_tokens, self.capacity)
-        for field, allowed in (("router", MOD_ROUTERS), ("mod_placement", MOD_PLACEMENTS)):
-            if getattr(self, field) not in allowed:
-                raise ValueError(f"{field}={getattr(self, field)!r} is not allowed; use one of {', '.join(allowed)}")
+        check_choices(self)
         if self.depth < 2:
             raise ValueError(f"depth={self.depth} is not allowed for a MoD ViT; use depth >= 2 (block 0 stays dense)")
         check_integers(self, ("mod_last_n",), minimum=1)
@@ -60,8 +62,8 @@ class MoDConfig(ViTConfig):
 def mod_config_from_vit(vit: ViTConfig, **mod_fields) -> MoDConfig:
     """The MoD version of a dense ViT config: the same architecture (so its weights fit) plus ``mod_fields``
     (capacity, router, mod_placement, mod_last_n). Raises ValueError for a bad field."""
-    fields = {f: getattr(vit, f) for f in ViTConfig.__dataclass_fields__}
-    return MoDConfig(**fields, **mod_fields).validate()
+    dense = {f.name: getattr(vit, f.name) for f in fields(ViTConfig)}
+    return MoDConfig(**dense, **mod_fields).validate()
 
 
 def _preset(backbone: ViTConfig, capacity: float) -> MoDConfig:

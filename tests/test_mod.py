@@ -259,3 +259,17 @@ def test_rank_correlation_is_spearman_per_image():
     assert mean_rank_correlation(a[:1], b[:1] ** 3) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="must both be"):
         mean_rank_correlation(a, b[:, :3])
+
+
+def test_mod_flops_count_the_kept_tokens_only():
+    from moe_course.analysis import attention_flops, flops_breakdown, mlp_flops
+
+    dense = get_preset("vit", "deit-s/16")
+    mod = MOD_PRESETS["mod-deit-s/16-c0.125"]
+    kept, t, d, h = 25, 197, 384, 1536  # round(0.125 * 197) = 25 tokens in each of the 6 MoD blocks
+    parts, dense_parts = flops_breakdown(mod), flops_breakdown(dense)
+    assert parts["attention"] == 6 * attention_flops(t, d) + 6 * attention_flops(kept, d)
+    assert parts["mlp"] == 6 * mlp_flops(t, d, h) + 6 * mlp_flops(kept, d, h)
+    assert dense_parts["attention"] - parts["attention"] == 6 * (attention_flops(t, d) - attention_flops(kept, d))
+    standard = flops_breakdown(mod.replace(router="standard"))
+    assert standard["mlp"] - parts["mlp"] == 6 * 2 * t * d  # the linear routers

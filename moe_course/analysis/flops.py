@@ -16,16 +16,19 @@ What each family adds to a block, for T tokens of width D and an MLP of hidden s
   combines through an Allocation with one choice per expert).
 - Soft MoE: logits ``2 T D S`` for S = n*p slots, slots ``D^T X`` ``2 T S D``, experts ``S * 2 * 2 D H``,
   output ``C Y~`` ``2 T S D`` (Eq. 1-3 of Puigcerver et al.).
+- Mixture-of-Depths (A-MoD): an MoD block runs its attention and MLP on K = round(C T) tokens only, plus a
+  standard router's ``2 T D`` (attention routing averages maps that already exist: no matrix product).
 """
 
 from __future__ import annotations
 
 import warnings
 
+from moe_course.configs.mod import MoDConfig
 from moe_course.configs.soft_moe import SoftMoEConfig
 from moe_course.configs.vit import ViTConfig
 from moe_course.configs.vmoe import VMoEConfig
-from moe_course.routing import CapacityRoundingWarning, expert_capacity
+from moe_course.routing import CapacityRoundingWarning, expert_capacity, mod_capacity
 
 
 def mlp_flops(tokens: int, width: int, hidden: int) -> int:
@@ -64,8 +67,9 @@ def soft_moe_flops(config: SoftMoEConfig) -> int:
 def flops_breakdown(config: ViTConfig) -> dict[str, int]:
     """Forward FLOPs per image by part: {"embed", "attention", "mlp", "moe", "head"} (all blocks summed).
 
-    config: a ViTConfig (dense ViT), VMoEConfig (V-MoE: Tokens or Experts Choice by ``allocation``) or
-    SoftMoEConfig (router "soft" or "sparse"). "mlp" covers the dense blocks, "moe" the MoE blocks.
+    config: a ViTConfig (dense ViT), VMoEConfig (V-MoE: Tokens or Experts Choice by ``allocation``),
+    SoftMoEConfig (router "soft" or "sparse") or MoDConfig. "mlp" covers the dense blocks' MLPs (an MoD block's
+    on its kept tokens, with its router), "moe" the MoE blocks.
     Raises ValueError (from validate) for an invalid config.
     """
     config.validate()
@@ -77,12 +81,16 @@ def flops_breakdown(config: ViTConfig) -> dict[str, int]:
         moe_block = sparse_moe_flops(config)
     else:
         moe_block = 0
+    mod_blocks = len(config.mod_blocks()) if isinstance(config, MoDConfig) else 0
+    kept = mod_capacity(t, config.capacity) if mod_blocks else t
+    router = 2 * t * d if mod_blocks and config.router == "standard" else 0
     head_in = config.representation_size or d
     head = 2 * head_in * config.num_classes + (2 * d * head_in if config.representation_size else 0)
     return {
         "embed": 2 * config.num_patches * config.patch_size ** 2 * config.channels * d,
-        "attention": config.depth * attention_flops(t, d),
-        "mlp": (config.depth - len(moe_blocks)) * mlp_flops(t, d, config.mlp_dim),
+        "attention": (config.depth - mod_blocks) * attention_flops(t, d) + mod_blocks * attention_flops(kept, d),
+        "mlp": ((config.depth - len(moe_blocks) - mod_blocks) * mlp_flops(t, d, config.mlp_dim)
+                + mod_blocks * (mlp_flops(kept, d, config.mlp_dim) + router)),
         "moe": len(moe_blocks) * moe_block,
         "head": head,
     }

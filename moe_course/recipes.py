@@ -30,6 +30,8 @@ _CPU_RECIPES = {
 def recipe_for(model_config) -> TrainConfig:
     """The TrainConfig a preset trains with by default (a plain TrainConfig for unnamed configs)."""
     name = model_config.name
+    if name.startswith("mod-"):  # an MoD preset ("mod-<backbone>-c<C>") trains with its backbone's recipe
+        return recipe_for(model_config.replace(name=name[len("mod-"):].rsplit("-c", 1)[0]))
     if name in _CPU_RECIPES:
         return _CPU_RECIPES[name]
     if name.startswith(("vit-", "vmoe-")):  # V-MoE trains with its dense ViT's recipe (App. B.2)

@@ -108,7 +108,7 @@ def _adapted_model(init_from: str, model_config):
 
     Raises ValueError naming --init-from and the first architecture field that differs from the preset's.
     """
-    from moe_course.configs.vit import ViTConfig
+    from moe_course.configs.vit import backbone_of
     from moe_course.models import ViT, mod_from_vit
     from moe_course.train.restore import load_run
 
@@ -116,8 +116,8 @@ def _adapted_model(init_from: str, model_config):
     if type(run.model) is not ViT:
         raise ValueError(f"--init-from {init_from}: it holds a {type(run.model).__name__}; use a dense ViT run "
                          f"(moe-course train vit ...)")
-    for field in (f.name for f in dataclasses.fields(ViTConfig)):
-        if field != "name" and getattr(run.model_config, field) != getattr(model_config, field):
+    for field, value in dataclasses.asdict(backbone_of(model_config)).items():
+        if field != "name" and getattr(run.model_config, field) != value:
             raise ValueError(f"--init-from {init_from}: its {field}={getattr(run.model_config, field)!r} differs from "
                              f"{field}={getattr(model_config, field)!r} of {model_config.name}; adapt a ViT of the "
                              f"same architecture")

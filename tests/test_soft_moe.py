@@ -11,7 +11,7 @@ from moe_course.configs import get_preset
 from moe_course.configs.soft_moe import SOFT_MOE_PRESETS, SoftMoEConfig
 from moe_course.layers import Experts, MoEOutput, SoftMoE, SoftRoutingRecord, SparseMoE
 from moe_course.models import SoftMoEViT, build_model, soft_moe_param_count, vit_param_count
-from moe_course.configs.vit import ViTConfig
+from moe_course.configs.vit import backbone_of
 
 pytestmark = pytest.mark.filterwarnings("ignore::moe_course.routing.CapacityRoundingWarning")
 
@@ -101,7 +101,7 @@ def test_paper_presets_parameter_counts(name):
     config = get_preset("soft-moe", name)
     assert config.num_experts == 128 and config.slots_per_expert == 1
     assert config.moe_blocks() == tuple(range(config.depth // 2, config.depth))
-    dense = vit_param_count(ViTConfig(**{f: getattr(config, f) for f in ViTConfig.__dataclass_fields__}))
+    dense = vit_param_count(backbone_of(config))
     d, h = config.width, config.mlp_dim
     per_layer = (config.num_experts - 1) * (2 * d * h + h + d) + d * config.num_slots + 1
     assert soft_moe_param_count(config) == dense + len(config.moe_blocks()) * per_layer

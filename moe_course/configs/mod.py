@@ -9,11 +9,11 @@ patch tokens, so that 12.5% capacity still keeps 8 of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from moe_course.checks import check_choices, check_integers
-from moe_course.configs.vit import VIT_PRESETS, ViTConfig
+from moe_course.configs.vit import VIT_PRESETS, ViTConfig, backbone_of
 from moe_course.routing.mod import MOD_ROUTERS, mod_capacity
 
 MOD_PLACEMENTS = ("every-2", "last-n")
@@ -62,8 +62,7 @@ class MoDConfig(ViTConfig):
 def mod_config_from_vit(vit: ViTConfig, **mod_fields) -> MoDConfig:
     """The MoD version of a dense ViT config: the same architecture (so its weights fit) plus ``mod_fields``
     (capacity, router, mod_placement, mod_last_n). Raises ValueError for a bad field."""
-    dense = {f.name: getattr(vit, f.name) for f in fields(ViTConfig)}
-    return MoDConfig(**dense, **mod_fields).validate()
+    return MoDConfig(**asdict(backbone_of(vit)), **mod_fields).validate()
 
 
 def _preset(backbone: ViTConfig, capacity: float) -> MoDConfig:

@@ -10,6 +10,7 @@ ImageNet-1k head.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -75,6 +76,12 @@ class ViTConfig:
         check_choices(self)
         check_number(self, "dropout", minimum=0, maximum=1, below_maximum=True)
         return self
+
+
+def backbone_of(config: ViTConfig) -> ViTConfig:
+    """The dense ViT with the same backbone as ``config`` of any family (V-MoE, Soft MoE, MoD): its ViTConfig
+    fields, name included, and nothing else."""
+    return ViTConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(ViTConfig)})
 
 
 def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int) -> ViTConfig:

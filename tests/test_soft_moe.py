@@ -136,7 +136,7 @@ def test_layer_errors_name_the_field():
 
 def test_cli_trains_soft_moe(tmp_path, capsys):
     workdir = str(tmp_path / "soft")
-    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--no-progress"]
+    common = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--warmup-steps", "1", "--no-progress"]
     assert main(["train", "soft-moe", "--preset", "digits-tiny-soft", "--workdir", workdir, *common]) == 0
     assert "test_accuracy:" in capsys.readouterr().out
     assert main(["train", "soft-moe", "--preset", "digits-tiny-soft", "--k", "1", "--workdir",

@@ -13,8 +13,6 @@ and nothing else, one per template, averaged per class (prompt ensembling, CLIP 
 
 from __future__ import annotations
 
-import numpy as np
-
 SIZE_WORDS = ("small", "medium", "large")
 VERTICAL_WORDS = ("top", "middle", "bottom")
 HORIZONTAL_WORDS = ("left", "center", "right")
@@ -78,11 +76,6 @@ def caption(name: str, box, *, image_size: int, digit_size: tuple[int, int], tem
     top, left, side, _ = (int(v) for v in box)
     return CAPTION_TEMPLATES[template].format(
         name=name, size=size_word(side, digit_size), position=position_phrase(top, left, side, image_size))
-
-
-def caption_templates(rng_seed: list[int], count: int) -> np.ndarray:
-    """(count,) int64 template indices drawn uniformly from ``np.random.default_rng(rng_seed)``."""
-    return np.random.default_rng(rng_seed).integers(0, len(CAPTION_TEMPLATES), count)
 
 
 def class_prompts(class_names, templates: tuple[str, ...] = PROMPT_TEMPLATES) -> list[list[str]]:

@@ -44,11 +44,13 @@ class RoutingRecord(NamedTuple):
 
 
 class MoEOutput(NamedTuple):
-    """output: (batch, tokens, width). aux_loss: scalar, weight * L_aux (0 for experts choice). routing: record."""
+    """output: (batch, tokens, width). aux_loss: scalar, weight * L_aux (0 for experts choice). routing: record.
+    aux_terms: the unweighted parts of the aux loss by name, where the layer reports them (LIMoE), else {}."""
 
     output: jax.Array
     aux_loss: jax.Array
     routing: RoutingRecord
+    aux_terms: dict = {}
 
 
 class SparseMoE(nnx.Module):
@@ -56,6 +58,10 @@ class SparseMoE(nnx.Module):
 
     Call: x (batch, tokens, width) float32 -> MoEOutput. ``batch`` must be a multiple of ``group_size``
     (images per routing group); tokens compete for each expert's ``capacity`` slots only within their group.
+    token_mask: (batch, tokens) bool or None. False tokens (padding) take no expert buffer slot, come out
+    as 0 (the residual carries them on) and count in no aux loss; the capacity is still computed from all
+    token positions (it must be static). Not available with experts choice.
+    modality: (batch, tokens) int or None, passed to ``aux_loss`` (the multimodal layer needs it).
     Training (``deterministic=False`` with ``rngs``) adds router noise N(0, noise_std^2) and expert dropout;
     evaluation is deterministic. The routing settings (k, capacity_ratio, allocation, priority,
     skip_keep_fraction, dispatch) are plain attributes: change them on a trained layer (Sec. 3.1, App. E.4),
@@ -90,12 +96,20 @@ class SparseMoE(nnx.Module):
         self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> MoEOutput:
+    def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
+                 token_mask: jax.Array | None = None, modality: jax.Array | None = None) -> MoEOutput:
         batch, tokens, width = x.shape
         if batch % self.group_size:
             raise ValueError(f"batch={batch} is not a multiple of group_size={self.group_size}; use a batch size "
                              f"divisible by {self.group_size} (images per routing group)")
+        for name, value in (("token_mask", token_mask), ("modality", modality)):
+            if value is not None and tuple(value.shape) != (batch, tokens):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; it must be (batch, tokens) = {(batch, tokens)}")
+        if token_mask is not None and self.allocation == "experts_choice":
+            raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
+                             "allocation ('vanilla', 'bpr', 'skip_patch')")
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)
+        as_groups = lambda a: None if a is None else a.reshape(groups.shape[:2])
         logits = self.router(groups).astype(jnp.float32)  # (G, N, E)
         bad = nonfinite_tokens(groups) | nonfinite_tokens(logits)  # (G, N)
         if self.check_finite:
@@ -103,6 +117,7 @@ class SparseMoE(nnx.Module):
         key = rngs() if (not deterministic and rngs is not None) else None
         capacity = expert_capacity(self.k, groups.shape[1], self.capacity_ratio, self.num_experts,
                                    rounding=self.capacity_rounding)
+        terms = {}
         if self.allocation == "experts_choice":
             probs = router_probabilities(logits, key, noise_std=self.noise_std)
             routed = experts_choice_as_allocation(experts_choice_allocation(probs, capacity), groups.shape[1])
@@ -111,17 +126,23 @@ class SparseMoE(nnx.Module):
             router = top_k_routing(logits, self.k, key, noise_std=self.noise_std, order=self.router_order)
             keep = self.skip_keep_fraction if self.allocation == "skip_patch" else None
             routed = allocate(router.expert_index, router.gates, capacity, self.num_experts,
-                              method=self.allocation, score=self.priority, keep_fraction=keep)
-            if self.noise_std == 0:  # without router noise the load loss is undefined (App. A.2): importance only
-                aux = self.aux_loss_weight * importance_loss(logits)
-            else:
-                aux = self.aux_loss_weight * auxiliary_losses(logits, router.noisy_logits, self.k,
-                                                              noise_std=self.noise_std).total
+                              method=self.allocation, score=self.priority, keep_fraction=keep,
+                              token_mask=as_groups(token_mask))
+            aux, terms = self.aux_loss(logits, router.noisy_logits, as_groups(token_mask), as_groups(modality))
         expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
         y = jnp.where(bad[..., None], jnp.nan, apply_experts(groups, routed, expert_fn, implementation=self.dispatch))
         record = RoutingRecord(routed.expert_index, routed.gates, routed.served, routed.priority_rank,
                                routed.expert_fill, capacity)
-        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, record)
+        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, record, terms)
+
+    def aux_loss(self, logits: jax.Array, noisy_logits: jax.Array, token_mask: jax.Array | None,
+                 modality: jax.Array | None) -> tuple[jax.Array, dict]:
+        """(weight * L_aux, {}) of V-MoE (App. A.2) over the kept tokens; arrays in routing groups (G, N[, E]).
+        Without router noise the load loss is undefined, so it is importance only. Subclasses (LIMoE) override."""
+        if self.noise_std == 0:
+            return self.aux_loss_weight * importance_loss(logits, token_mask), {}
+        losses = auxiliary_losses(logits, noisy_logits, self.k, noise_std=self.noise_std, mask=token_mask)
+        return self.aux_loss_weight * losses.total, {}
 
     def _check(self, bad: jax.Array, tokens: int) -> None:
         group = jnp.argmax(jnp.any(bad, axis=1))

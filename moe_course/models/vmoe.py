@@ -33,16 +33,19 @@ class VMoE(ViT):
         c = self.config
         if block not in c.moe_blocks():
             return None
-        return SparseMoE(
-            c.width, c.mlp_dim, c.num_experts, k=c.k, capacity_ratio=c.capacity_ratio, group_size=c.group_size,
-            allocation=c.allocation, priority=c.priority, skip_keep_fraction=c.skip_keep_fraction,
-            router_order=c.router_order, noise_std=c.noise_std, expert_dropout=c.expert_dropout,
-            aux_loss_weight=c.aux_loss_weight, capacity_rounding=c.capacity_rounding, dispatch=c.dispatch,
-            check_finite=c.check_finite, layer_name=f"block {block} MoE", rngs=rngs,
-        )
+        return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c), layer_name=f"block {block} MoE",
+                         rngs=rngs)
 
     def moe_layers(self) -> list[SparseMoE]:
         return [block.mlp for block in self.blocks if isinstance(block.mlp, SparseMoE)]
+
+
+def sparse_moe_settings(c: VMoEConfig) -> dict:
+    """The keyword arguments of ``SparseMoE`` that a VMoEConfig (or a subclass) sets, besides the sizes."""
+    return dict(k=c.k, capacity_ratio=c.capacity_ratio, group_size=c.group_size, allocation=c.allocation,
+                priority=c.priority, skip_keep_fraction=c.skip_keep_fraction, router_order=c.router_order,
+                noise_std=c.noise_std, expert_dropout=c.expert_dropout, aux_loss_weight=c.aux_loss_weight,
+                capacity_rounding=c.capacity_rounding, dispatch=c.dispatch, check_finite=c.check_finite)
 
 
 def with_routing(model: VMoE, **settings) -> VMoE:

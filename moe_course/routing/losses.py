@@ -156,13 +156,15 @@ class AuxLosses(NamedTuple):
 
 
 def auxiliary_losses(
-    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None
+    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None,
+    mask: jax.Array | None = None,
 ) -> AuxLosses:
     """V-MoE's L_aux = 0.5 L_imp + 0.5 L_load (App. A.2, Eq. 7), with both parts, per group then averaged.
 
     logits: (groups, tokens, experts) clean router logits; noisy_logits: the noisy ones of the forward pass;
-    k: experts per token; noise_std: sigma, None = 1/E. Multiply ``total`` by ``AUX_LOSS_WEIGHT`` (0.01).
+    k: experts per token; noise_std: sigma, None = 1/E; mask: (groups, tokens) bool or None, the tokens that
+    count (padding excluded). Multiply ``total`` by ``AUX_LOSS_WEIGHT`` (0.01).
     """
-    importance = importance_loss(logits)
-    load = load_loss(logits, noisy_logits, k, noise_std=noise_std)
+    importance = importance_loss(logits, mask)
+    load = load_loss(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
     return AuxLosses(importance, load, 0.5 * importance + 0.5 * load)

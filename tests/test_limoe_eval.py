@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moe_course.analysis.modality import experts_used, measure_success_rates, success_rate, success_rates
+from moe_course.analysis.modality import (
+    experts_used,
+    measure_success_rates,
+    priority_by_modality,
+    success_rate,
+    success_rates,
+)
 from moe_course.analysis.zero_shot import evaluate_contrastive, recall_at_k, zero_shot_predictions, zero_shot_weights
 from moe_course.configs import LIMoEConfig
 from moe_course.data import CaptionedDigits
@@ -54,6 +60,16 @@ def test_success_rate_and_experts_used_by_hand():
     assert experts_used(record, modality, 0) == 2
     assert experts_used(record, modality, 1) == 1  # both text tokens chose expert 2
     assert math.isnan(float(success_rate(record, np.full((2, 3), -1), 1)))
+
+
+def test_priority_by_modality_by_hand():
+    modality = np.array([[0, 0, 1], [0, 1, -1]])
+    record = _record([[True] * 6], [[0] * 6])._replace(priority_rank=np.array([[0, 2, 1, 5, 3, 4]]))
+    # Ranks normalised by N - 1 = 5: images 0, 2, 5 -> mean 7/15; texts 1, 3 -> mean 4/10 (padding's 4 ignored).
+    ranks = priority_by_modality(record, modality)
+    assert float(ranks["image"]) == pytest.approx(7 / 15) and float(ranks["text"]) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="priority_rank is None"):
+        priority_by_modality(record._replace(priority_rank=None), modality)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from moe_course.analysis.modality import (
     expert_shares,
     experts_used,
     measure_success_rates,
+    priority_by_modality,
     success_rate,
     success_rates,
 )
@@ -31,6 +32,6 @@ from moe_course.analysis.zero_shot import (
 
 __all__ = ["attention_flops", "collect_routing", "embed_images", "embed_texts", "evaluate_contrastive",
            "expert_class_weights", "expert_shares", "experts_used", "flops_breakdown", "flops_per_image",
-           "measure_success_rates", "mlp_flops", "recall_at_k", "soft_moe_flops", "soft_moe_layer_flops",
+           "measure_success_rates", "mlp_flops", "priority_by_modality", "recall_at_k", "soft_moe_flops", "soft_moe_layer_flops",
            "sparse_moe_flops", "success_rate", "success_rates", "token_served", "zero_shot_predictions",
            "zero_shot_weights"]

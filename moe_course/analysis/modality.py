@@ -55,6 +55,24 @@ def experts_used(record, modality, m: int, *, coverage: float = 0.9) -> int:
     return int(jnp.searchsorted(jnp.cumsum(shares), coverage - 1e-6) + 1)
 
 
+def priority_by_modality(record, modality) -> dict[str, jnp.ndarray]:
+    """{modality name: mean normalised BPR priority rank of its real tokens} -- 0 = processed first, 1 = last
+    (LIMoE Sec. 2.2.3 and App. F: BPR must not simply rank one modality ahead of the other). A rank r of a
+    group of N tokens is r / (N - 1). NaN for a modality without tokens. Raises ValueError for a record
+    without a token order (experts choice)."""
+    if record.priority_rank is None:
+        raise ValueError("record.priority_rank is None (experts choice has no token order)")
+    rank = jnp.asarray(record.priority_rank, jnp.float32)
+    normalised = rank / max(rank.shape[1] - 1, 1)
+    grouped = _grouped_modality(record, modality)
+    out = {}
+    for m, name in enumerate(MODALITIES):
+        mask = grouped == m
+        count = jnp.sum(mask)
+        out[name] = jnp.where(count > 0, jnp.sum(normalised * mask) / jnp.maximum(count, 1), jnp.nan)
+    return out
+
+
 def measure_success_rates(model, dataset, split: str = "test", *, batch_size: int = 256) -> dict[str, float]:
     """Success rate per modality and MoE layer over a whole split, image-caption pairs routed together as in
     training but at evaluation settings (no noise): {"success/<modality>/layer<i>": fraction of that modality's

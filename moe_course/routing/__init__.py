@@ -5,7 +5,7 @@ step, and the tests compare them with the papers' literal loops. Data flows:
 ``top_k_routing`` (router.py) -> ``expert_capacity`` (capacity.py) -> ``allocate`` (allocation.py) ->
 ``dispatch`` / ``combine`` (dispatch.py), with ``auxiliary_losses`` (losses.py) on the router logits.
 LIMoE's per-modality entropy losses are in entropy.py, and their selection by name per modality, averaged
-into one auxiliary loss, in modality_losses.py.
+into one auxiliary loss, in modality_losses.py; expert pruning for single-modality inference in pruning.py.
 Soft MoE (soft.py) replaces all of that with ``soft_routing`` -> ``apply_soft_experts``: dense dispatch and
 combine weights, no capacity and no dropped tokens.
 Mixture-of-Depths token selection (standard and attention routing) is in mod.py.
@@ -104,6 +104,12 @@ from moe_course.routing.mod import (
     scatter_update,
     standard_router_scores,
 )
+from moe_course.routing.pruning import (
+    PRUNING_MODES,
+    coverage_after_pruning,
+    pruned_top_k_routing,
+    pruning_order,
+)
 from moe_course.routing.router import (
     ORDERS,
     RouterOutput,
@@ -132,6 +138,7 @@ __all__ = [
     "ORDERS",
     "PADDING",
     "PER_MODALITY_LOSSES",
+    "PRUNING_MODES",
     "RATIO_WARNING_TOLERANCE",
     "ROUNDINGS",
     "RouterOutput",
@@ -150,6 +157,7 @@ __all__ = [
     "check_tau",
     "combine",
     "combine_tensor",
+    "coverage_after_pruning",
     "default_noise_std",
     "dispatch",
     "dispatch_tensor",
@@ -181,6 +189,8 @@ __all__ = [
     "mutual_information_loss",
     "nonfinite_tokens",
     "priority_scores",
+    "pruned_top_k_routing",
+    "pruning_order",
     "round_count",
     "router_probabilities",
     "router_z_loss",

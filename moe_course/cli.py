@@ -13,6 +13,9 @@ from moe_course.routing.mod import MOD_ROUTERS
 from moe_course.data.base import DataError
 
 
+FRAMEWORKS = ("jax", "torch", "both")
+
+
 def _preset_list() -> str:
     lines = []
     for family, presets in PRESETS.items():
@@ -64,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--workdir", required=True)
     _add_data_args(evaluate, DATASETS)
     evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
+    evaluate.add_argument("--framework", default="jax", choices=FRAMEWORKS,
+                          help="jax; torch: the model converted to its PyTorch twin (needs moe-course[torch]); "
+                               "both: the two side by side")
     _add_routing_args(evaluate, "evaluate the trained model with other settings")
     return parser
 
@@ -176,9 +182,24 @@ def _evaluate(args) -> dict:
     if routing:
         with_routing(run.model, **routing)
     dataset = load_dataset(args.dataset, args.data_dir, image_size=run.model_config.image_size)
-    metrics = evaluate(run.model, dataset, args.split, batch_size=run.train_config.eval_batch_size)
-    return {"workdir": args.workdir, "step": run.step, "split": args.split, **routing,
-            f"{args.split}_accuracy": round(metrics["accuracy"], 4), f"{args.split}_loss": round(metrics["loss"], 4)}
+    summary = {"workdir": args.workdir, "step": run.step, "split": args.split, **routing}
+    batch_size = run.train_config.eval_batch_size
+    if args.framework != "torch":
+        metrics = evaluate(run.model, dataset, args.split, batch_size=batch_size)
+        summary.update({f"{args.split}_accuracy": round(metrics["accuracy"], 4),
+                        f"{args.split}_loss": round(metrics["loss"], 4)})
+    if args.framework != "jax":
+        try:
+            from moe_course.torch.convert import to_torch
+            from moe_course.torch.evaluate import evaluate as evaluate_torch
+        except ImportError as err:
+            raise ValueError(f"--framework {args.framework} needs PyTorch ({err}); install it as the README says "
+                             f"(pip install 'moe-course[torch]' after a CPU or CUDA torch wheel)") from err
+
+        metrics = evaluate_torch(to_torch(run.model), dataset, args.split, batch_size=batch_size)
+        summary.update({f"torch_{args.split}_accuracy": round(metrics["accuracy"], 4),
+                        f"torch_{args.split}_loss": round(metrics["loss"], 4)})
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

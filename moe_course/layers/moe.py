@@ -10,18 +10,21 @@ from flax import nnx
 from jax.experimental import checkify
 
 from moe_course.layers.experts import Experts
-from moe_course.routing import (
-    allocate,
-    apply_experts,
-    auxiliary_losses,
-    expert_capacity,
-    importance_loss,
-    experts_choice_allocation,
-    nonfinite_tokens,
-    experts_choice_as_allocation,
-    router_probabilities,
-    top_k_routing,
-)
+from moe_course import routing
+from moe_course.routing import apply_experts, nonfinite_tokens
+
+
+def check_group_size(batch: int, group_size: int) -> None:
+    """Raise ValueError unless ``batch`` is a multiple of ``group_size`` (images per routing group)."""
+    if batch % group_size:
+        raise ValueError(f"batch={batch} is not a multiple of group_size={group_size}; use a batch size "
+                         f"divisible by {group_size} (images per routing group)")
+
+
+def nonfinite_message(layer_name: str) -> str:
+    """The error of ``check_finite`` for ``layer_name``, with ``{group}``, ``{token}``, ``{image}`` left to fill."""
+    return (f"{layer_name}: non-finite (NaN or inf) features or router logits in routing group {{group}} "
+            f"(token {{token}} of the group, image {{image}} of the batch); the layer input is already non-finite")
 
 
 class RoutingRecord(NamedTuple):
@@ -42,6 +45,12 @@ class RoutingRecord(NamedTuple):
     expert_fill: jax.Array
     capacity: int
 
+    @classmethod
+    def of(cls, allocation) -> "RoutingRecord":
+        """The record of an ``Allocation`` (JAX or its PyTorch twin)."""
+        return cls(allocation.expert_index, allocation.gates, allocation.served, allocation.priority_rank,
+                   allocation.expert_fill, allocation.capacity)
+
 
 class MoEOutput(NamedTuple):
     """output: (batch, tokens, width). aux_loss: scalar, weight * L_aux (0 for experts choice). routing: record."""
@@ -49,6 +58,34 @@ class MoEOutput(NamedTuple):
     output: jax.Array
     aux_loss: jax.Array
     routing: RoutingRecord
+
+
+def route(routing, layer, logits, **noise):
+    """The routing step of a sparse MoE layer, written once for both frameworks: router -> capacity ->
+    allocation (V-MoE Sec. 2.3-2.4, App. C), and the weighted aux loss (App. A.2).
+
+    routing: the module of routing functions, ``moe_course.routing`` or its twin ``moe_course.torch.routing``
+    (same names and arguments). layer: a ``SparseMoE`` of either framework (its routing settings are read).
+    logits: (groups, tokens, experts) float32 router logits. noise: that framework's noise argument (JAX
+    ``key=``, PyTorch ``noise=``); empty or None for no noise. Returns (allocation, aux loss = weight * L_aux,
+    or None for experts choice, which has no balancing loss). Without router noise (noise_std=0) the load
+    loss is undefined, so the aux loss is the importance loss alone.
+    """
+    num_tokens = logits.shape[1]
+    capacity = routing.expert_capacity(layer.k, num_tokens, layer.capacity_ratio, layer.num_experts,
+                                       rounding=layer.capacity_rounding)
+    if layer.allocation == "experts_choice":
+        probs = routing.router_probabilities(logits, noise_std=layer.noise_std, **noise)
+        choice = routing.experts_choice_allocation(probs, capacity)
+        return routing.experts_choice_as_allocation(choice, num_tokens), None
+    router = routing.top_k_routing(logits, layer.k, noise_std=layer.noise_std, order=layer.router_order, **noise)
+    keep = layer.skip_keep_fraction if layer.allocation == "skip_patch" else None
+    routed = routing.allocate(router.expert_index, router.gates, capacity, layer.num_experts,
+                              method=layer.allocation, score=layer.priority, keep_fraction=keep)
+    if layer.noise_std == 0:
+        return routed, layer.aux_loss_weight * routing.importance_loss(logits)
+    losses = routing.auxiliary_losses(logits, router.noisy_logits, layer.k, noise_std=layer.noise_std)
+    return routed, layer.aux_loss_weight * losses.total
 
 
 class SparseMoE(nnx.Module):
@@ -92,43 +129,23 @@ class SparseMoE(nnx.Module):
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> MoEOutput:
         batch, tokens, width = x.shape
-        if batch % self.group_size:
-            raise ValueError(f"batch={batch} is not a multiple of group_size={self.group_size}; use a batch size "
-                             f"divisible by {self.group_size} (images per routing group)")
+        check_group_size(batch, self.group_size)
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)
         logits = self.router(groups).astype(jnp.float32)  # (G, N, E)
         bad = nonfinite_tokens(groups) | nonfinite_tokens(logits)  # (G, N)
         if self.check_finite:
             self._check(bad, tokens)
         key = rngs() if (not deterministic and rngs is not None) else None
-        capacity = expert_capacity(self.k, groups.shape[1], self.capacity_ratio, self.num_experts,
-                                   rounding=self.capacity_rounding)
-        if self.allocation == "experts_choice":
-            probs = router_probabilities(logits, key, noise_std=self.noise_std)
-            routed = experts_choice_as_allocation(experts_choice_allocation(probs, capacity), groups.shape[1])
-            aux = jnp.zeros((), jnp.float32)
-        else:
-            router = top_k_routing(logits, self.k, key, noise_std=self.noise_std, order=self.router_order)
-            keep = self.skip_keep_fraction if self.allocation == "skip_patch" else None
-            routed = allocate(router.expert_index, router.gates, capacity, self.num_experts,
-                              method=self.allocation, score=self.priority, keep_fraction=keep)
-            if self.noise_std == 0:  # without router noise the load loss is undefined (App. A.2): importance only
-                aux = self.aux_loss_weight * importance_loss(logits)
-            else:
-                aux = self.aux_loss_weight * auxiliary_losses(logits, router.noisy_logits, self.k,
-                                                              noise_std=self.noise_std).total
+        routed, aux = route(routing, self, logits, key=key)
+        aux = jnp.zeros((), jnp.float32) if aux is None else aux
         expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
         y = jnp.where(bad[..., None], jnp.nan, apply_experts(groups, routed, expert_fn, implementation=self.dispatch))
-        record = RoutingRecord(routed.expert_index, routed.gates, routed.served, routed.priority_rank,
-                               routed.expert_fill, capacity)
-        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, record)
+        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, RoutingRecord.of(routed))
 
     def _check(self, bad: jax.Array, tokens: int) -> None:
         group = jnp.argmax(jnp.any(bad, axis=1))
         token = jnp.argmax(bad[group])
         checkify.check(
-            ~jnp.any(bad),
-            f"{self.layer_name}: non-finite (NaN or inf) features or router logits in routing group {{group}} "
-            f"(token {{token}} of the group, image {{image}} of the batch); the layer input is already non-finite",
+            ~jnp.any(bad), nonfinite_message(self.layer_name),
             group=group, token=token, image=(group * self.group_size * tokens + token) // tokens,
         )

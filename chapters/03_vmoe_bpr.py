@@ -69,7 +69,7 @@ digits = ClutteredDigits()
 # %%
 moe_config = get_preset("vmoe", "digits-tiny-moe")
 dense_config = get_preset("vit", "digits-tiny").replace(name="digits-tiny-mlp192", mlp_dim=192)
-CHAPTER_STEPS = 700
+CHAPTER_STEPS = 800
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=1e-3, warmup_steps=100, log_every=50,
                          eval_every=0, checkpoint_every=CHAPTER_STEPS)
 flops = {"dense": flops_per_image(dense_config), "V-MoE": flops_per_image(moe_config)}

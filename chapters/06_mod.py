@@ -21,7 +21,7 @@
 # 1. why skipping whole blocks saves compute, and why a learned (standard) router must multiply the block's
 #    output by its score to receive any gradient (A-MoD Eq. 1-2);
 # 2. attention routing derived from the attention maps of chapter 1 (Eq. 3-5);
-# 3. a dense ViT with 64 patch tokens pretrained here, then adapted to MoD at 50% and 12.5% capacity
+# 3. a dense ViT with 36 patch tokens pretrained here, then adapted to MoD at 50% and 12.5% capacity
 #    *without training* -- attention routing against a fresh standard router (the paper's Table 3);
 # 4. short fine-tuning of both routers beside an isoFLOP baseline made by dropping whole blocks (Sec. 4.1);
 # 5. which patches each router keeps, drawn on real digits (Fig. 6);
@@ -80,6 +80,15 @@ NAMES = {"attention": "A-MoD", "standard": "standard MoD"}
 # %%
 digits = ClutteredDigits(DigitsConfig.for_image_size(24))
 dense_config = get_preset("vit", "digits-tiny").replace(name="digits-24-p4", image_size=24, patch_size=4)
+
+
+def accuracies(models, split):
+    """{key: accuracy on ``split``} for {key: model}, evaluated in threads: each compiles its own step, and
+    compilation uses one core, so two models compile at once on a two-core machine."""
+    with ThreadPoolExecutor(len(models)) as pool:
+        jobs = {key: pool.submit(evaluate, model, digits, split, batch_size=525) for key, model in models.items()}
+        return {key: job.result()["accuracy"] for key, job in jobs.items()}
+
 print(f"{dense_config.name}: {dense_config.num_tokens} patch tokens of {dense_config.patch_size}x"
       f"{dense_config.patch_size} pixels, {dense_config.depth} blocks, width {dense_config.width}")
 
@@ -145,8 +154,10 @@ assert np.all(grad_plain == 0) and np.all(np.abs(grad_gated) > 0)
 # %% [markdown]
 # ## 2. A dense ViT to start from
 #
-# We pretrain the dense backbone with the course's one training loop. This is a short run: the accuracy it
-# reaches is printed below, and everything after compares against it.
+# We pretrain the dense backbone with the course's one training loop, for 300 steps of 128 images. That is
+# short -- chapter 1's model sees four times as many images to pass 90% -- and the model it gives is weak
+# (0.426 test accuracy when we wrote this). Everything after compares against this one model, so the
+# comparisons stay fair; absolute accuracies are low throughout.
 
 # %%
 PRETRAIN = TrainConfig(steps=300, batch_size=128, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_every=0,
@@ -202,7 +213,7 @@ assert set(kept_by_library) == set(np.argsort(-literal, kind="stable")[:mod_capa
 
 # %%
 adapted = {(router, c): mod_from_vit(dense, capacity=c, router=router) for router in ROUTERS for c in CAPACITIES}
-no_training = {key: evaluate(model, digits, "test", batch_size=525)["accuracy"] for key, model in adapted.items()}
+no_training = accuracies(adapted, "test")
 print(f"dense: {dense_test:.3f}")
 for (router, c), accuracy in no_training.items():
     print(f"{NAMES[router]:12s} C = {c:5}: {accuracy:.3f} ({accuracy / dense_test:4.0%} of the dense accuracy)")
@@ -247,17 +258,16 @@ for name, cost in flops.items():
     print(f"{name:20s} {cost / 1e6:5.2f} MFLOPs per image ({cost / flops_per_image(dense_config):.2f} x dense)")
 assert all(abs(cost / flops["A-MoD"] - 1) < 0.1 for cost in flops.values()), flops
 
-FINETUNE = TrainConfig(steps=80, batch_size=64, learning_rate=1e-3, warmup_steps=10, log_every=20, eval_every=20,
+FINETUNE = TrainConfig(steps=80, batch_size=64, learning_rate=1e-3, warmup_steps=10, log_every=20, eval_every=40,
                        checkpoint_every=0, eval_batch_size=525)
-start = {name: evaluate(model, digits, "val", batch_size=525)["accuracy"] for name, model in candidates.items()}
+start = accuracies(candidates, "val")
 with ThreadPoolExecutor(len(candidates)) as pool:
     jobs = {name: pool.submit(train, model.config, digits, FINETUNE, init_model=model, progress=False)
             for name, model in candidates.items()}
     finetuned = {name: job.result() for name, job in jobs.items()}
 curves = {name: [(0, start[name])] + [(h["step"], h["val_accuracy"]) for h in result.history if "val_accuracy" in h]
           for name, result in finetuned.items()}
-tuned_test = {name: evaluate(result.model, digits, "test", batch_size=525)["accuracy"]
-              for name, result in finetuned.items()}
+tuned_test = accuracies({name: result.model for name, result in finetuned.items()}, "test")
 
 fig, ax = plt.subplots(figsize=(5.5, 3.4))
 for name, curve in curves.items():
@@ -268,22 +278,26 @@ ax.set_ylabel("validation accuracy (fraction)")
 ax.set_title(f"Fine-tuning from the pretrained ViT at C = {FT_CAPACITY}")
 ax.legend(fontsize=8);
 for name in candidates:
-    print(f"{name:20s} val accuracy at step 0 {start[name]:.3f} -> {curves[name][-1][1]:.3f}; "
-          f"test {tuned_test[name]:.3f}")
+    print(f"{name:20s} val accuracy at steps {', '.join(str(step) for step, _ in curves[name])}: "
+          f"{', '.join(f'{a:.3f}' for _, a in curves[name])}; test {tuned_test[name]:.3f}")
 
 # %% [markdown]
-# **What we measured.** The assertions below hold what this run shows; the printed numbers are this run's.
-# Both MoD models and the isoFLOP model improve on their starting points in 80 short steps (the pretraining
-# itself was short, so fine-tuning also keeps teaching the backbone). A-MoD starts far above standard routing
-# and stays at least level with it through the run -- the paper's faster convergence (Fig. 4). How it ends
-# against the isoFLOP baseline at this budget is stated beside the last assertion.
+# **What we measured** (when we wrote this: validation accuracy at step 0 A-MoD 0.395, standard MoD 0.327,
+# isoFLOP 0.415; test accuracy after 80 steps 0.438, 0.408 and 0.450). All three improve in 80 short steps
+# (the pretraining was short, so fine-tuning also keeps teaching the backbone). A-MoD starts well above
+# standard routing and is still ahead of it at the end, as in the paper. **The isoFLOP baseline is not beaten
+# here**: dropping the last of 4 blocks costs the pretrained model almost nothing on these digits (0.415
+# without training), and after fine-tuning it is level with or above A-MoD. The paper has A-MoD ahead of
+# isoFLOP on ImageNet (Table 1), but behind it on its small transfer tasks (Sec. 4.3, Tables 4-5) -- this
+# toy setting behaves like the latter.
 
 # %%
 tuned_val = {name: curve[-1][1] for name, curve in curves.items()}
 iso_name = next(name for name in candidates if name.startswith("isoFLOP"))
 assert all(tuned_val[name] > start[name] for name in candidates), (start, tuned_val)
-assert start["A-MoD"] > start["standard MoD"] + 0.1, start
-assert all(a >= s - 0.02 for (_, a), (_, s) in zip(curves["A-MoD"], curves["standard MoD"])), curves
+assert start["A-MoD"] >= start["standard MoD"] + 0.04, start
+assert tuned_test["A-MoD"] >= tuned_test["standard MoD"] + 0.01, tuned_test
+assert tuned_test[iso_name] >= tuned_test["A-MoD"] - 0.02, tuned_test
 
 # %% [markdown]
 # ## 6. Which patches are kept (Fig. 6)
@@ -320,6 +334,16 @@ for name, model in tuned.items():
               f"(all patches: {on_digit.mean():.0%})")
 
 # %% [markdown]
+# **Claim (Fig. 6): A-MoD keeps the digit.** In both MoD blocks the patches A-MoD processes lie on the digit
+# far more often than patches in general (when we wrote this: 69% and 67% against 44%), and more often than
+# the ones standard routing processes (46% and 28%: its second MoD block prefers the background).
+
+# %%
+for block in tuned["A-MoD"].config.mod_blocks():
+    assert on_digit_share["A-MoD", block] >= on_digit.mean() + 0.15, on_digit_share
+    assert on_digit_share["A-MoD", block] > on_digit_share["standard MoD", block] + 0.1, on_digit_share
+
+# %% [markdown]
 # ## 7. Do the scores rank tokens by importance? (Sec. 4.4, App. A)
 #
 # The paper's test: remove one token from the input of the *dense* model (it is neither attended to nor
@@ -350,47 +374,68 @@ for name in scored:
     print(f"{name:24s}", "  ".join(f"block {b}: {correlation[name, b]:+.2f}" for b in blocks))
 
 # %% [markdown]
-# ## 8. Measured speed
-#
-# FLOPs are a promise; the clock is the test. We time one compiled forward pass over 256 test canvases for
-# the dense model, A-MoD at both capacities and the two isoFLOP models, in turns, keeping each model's
-# fastest round (the machine may be shared: ratios taken in one run are what counts). The A-MoD models also
-# pay for what the FLOP count leaves out: the gathers and scatters, the top-k, and the explicit attention
-# maps of the blocks that feed a router.
+# **What we measured: the direction of App. A, not its size.** Attention routing's scores correlate
+# positively with leave-one-out importance in both MoD blocks, and more than the fine-tuned standard router's,
+# which turns negative in the second MoD block (when we wrote this: A-MoD +0.09 and +0.10, fine-tuned standard
+# +0.04 and -0.12). But the paper reports *high* correlations for A-MoD; here they are weak. The dense model
+# is weak too (its test accuracy is printed in section 2), and removing one of 36 tokens changes its loss
+# little, so the importance itself is noisy at this scale.
 
 # %%
-batch = jnp.asarray(test_all["image"][:256])
-timed = {"dense": dense, **{f"A-MoD C = {c}": adapted[("attention", c)] for c in CAPACITIES},
-         **{f"isoFLOP {d} blocks": truncated_vit(dense, d) for d in sorted({isoflop_depth(adapted[("attention", c)].config)
-                                                                             for c in CAPACITIES})}}
+for block in blocks:
+    assert correlation["A-MoD, adapted", block] > 0 and correlation["A-MoD, fine-tuned", block] > 0, correlation
+    assert correlation["A-MoD, fine-tuned", block] > correlation["standard, fine-tuned", block], correlation
+assert max(abs(value) for value in correlation.values()) < 0.3, correlation
+
+# %% [markdown]
+# ## 8. Measured speed
+#
+# FLOPs are a promise; the clock is the test. We time one compiled forward pass over 128 test canvases for
+# the dense model, A-MoD at both capacities and the isoFLOP model of section 5, in turns, keeping each
+# model's fastest round (the machine may be shared: ratios taken in one run are what counts). One detail
+# matters for a fair comparison: without `return_attention` the dense model uses XLA's fused attention
+# (`jax.nn.dot_product_attention`), while an A-MoD model computes its maps explicitly in the blocks that feed
+# a router. So the dense model is timed both ways.
+
+# %%
+batch = jnp.asarray(test_all["image"][:128])
+timed = {"dense (fused attention)": (dense, False), "dense (explicit maps)": (dense, True),
+         **{f"A-MoD C = {c}": (adapted[("attention", c)], False) for c in CAPACITIES},
+         f"isoFLOP {iso_depth} blocks": (candidates[iso_name], False)}
 
 
-def compiled_forward(model):
+def compiled_forward(model, maps):
     graphdef, state = nnx.split(model)
-    return jax.jit(lambda state, images: nnx.merge(graphdef, state)(images).logits), state
+    return jax.jit(lambda state, images: nnx.merge(graphdef, state)(images, return_attention=maps).logits), state
 
 
-calls = {name: (fn, (state, batch)) for name, model in timed.items() for fn, state in [compiled_forward(model)]}
-ms = best_ms(calls, repeats=3, rounds=3)
-machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores visible; JAX: {describe_devices()}"
-print("machine:", machine)
-for name, model in timed.items():
-    print(f"{name:18s} {ms[name]:6.1f} ms per 256 images ({ms[name] / ms['dense']:.2f} x dense; "
+calls = {name: (fn, (state, batch)) for name, (model, maps) in timed.items()
+         for fn, state in [compiled_forward(model, maps)]}
+ms = best_ms(calls, repeats=3, rounds=2)
+cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""  # Linux names the CPU model here
+cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
+           platform.processor() or platform.machine())
+print(f"machine: {cpu}, {os.cpu_count()} CPU cores visible; JAX: {describe_devices()}")
+reference = ms["dense (explicit maps)"]
+for name, (model, _) in timed.items():
+    print(f"{name:23s} {ms[name]:6.1f} ms per 128 images ({ms[name] / reference:.2f} x dense with explicit maps; "
           f"FLOPs {flops_per_image(model.config) / flops_per_image(dense_config):.2f} x)")
 
 fig, ax = plt.subplots(figsize=(5.5, 2.8))
-ax.barh(list(ms), [ms[name] for name in ms], color=["gray", "tab:blue", "tab:blue", "tab:green", "tab:green"])
+ax.barh(list(ms), [ms[name] for name in ms], color=["gray", "gray", "tab:blue", "tab:blue", "tab:green"])
 ax.invert_yaxis()
-ax.set_xlabel("forward time per 256 images (ms)")
+ax.set_xlabel("forward time per 128 images (ms)")
 ax.set_title("Measured side by side, one run", fontsize=10);
 
 # %% [markdown]
 # **Claim: the MoD models are faster than the dense one, and the lower the capacity the faster** -- the
-# skipped tokens really are not computed. The speed-up is smaller than the FLOP ratio: on a CPU at this size,
-# the gathers, the top-k and the explicit attention maps are a visible share of the time.
+# skipped tokens really are not computed. How the ratios compare with the FLOP ratios depends on the machine
+# and its load (the printed numbers are this run's): the gathers, the scatters and the top-k are left out of
+# the FLOP count, and at this size a CPU spends a good part of its time on overheads that do not shrink with
+# the tokens.
 
 # %%
-assert ms["A-MoD C = 0.125"] < ms["A-MoD C = 0.5"] < ms["dense"], ms
+assert ms["A-MoD C = 0.125"] < ms["A-MoD C = 0.5"] < min(ms["dense (fused attention)"], reference), ms
 
 # %% [markdown]
 # ## 9. Explore: the capacity
@@ -404,7 +449,9 @@ slider_models = {c: adapted[("attention", c)] for c in CAPACITIES}
 
 
 def kept_figure(capacity):
-    model = slider_models.setdefault(capacity, mod_from_vit(dense, capacity=capacity, router="attention"))
+    if capacity not in slider_models:
+        slider_models[capacity] = mod_from_vit(dense, capacity=capacity, router="attention")
+    model = slider_models[capacity]
     records = route(model, shown["image"])
     rows = {f"block {b}": np.asarray(r.processed) for b, r in zip(model.config.mod_blocks(), records)}
     fig = show_dropped_patches(shown["image"], rows, dense_config.patch_size, boxes=shown["box"], show_counts=True,
@@ -463,7 +510,8 @@ if FULL_SCALE:
     for c in CAPACITIES:
         for router in ROUTERS:
             model = mod_from_vit(deit, capacity=c, router=router)
-            print(f"{NAMES[router]} C = {c}, no training:", evaluate(model, imagenet, "val", batch_size=256)["accuracy"])
+            no_training_top1 = evaluate(model, imagenet, "val", batch_size=256)["accuracy"]
+            print(f"{NAMES[router]} C = {c}, no training:", no_training_top1)
             workdir = os.path.join(WORKDIR, f"chapter06-deit-s-{router}-c{c}")
             model = train(model.config, imagenet, big_finetune, init_model=model, workdir=workdir).model
             print(f"{NAMES[router]} C = {c}, fine-tuned:", evaluate(model, imagenet, "val", batch_size=256)["accuracy"])

@@ -351,7 +351,7 @@ for block in tuned["A-MoD"].config.mod_blocks():
 # router that ranks tokens the same way makes the choice that costs least. `leave_one_out_importance` does
 # it for all 36 patches of 64 test images (36 forward passes, vectorised), and we take the rank (Spearman)
 # correlation with each router's scores per image, averaged, for each MoD block: attention routing as
-# adapted (the pretrained maps), and both routers after fine-tuning.
+# adapted (the pretrained maps) and fine-tuned, the standard router fresh and fine-tuned.
 
 # %%
 probe = digits.get("test", np.random.default_rng(0).permutation(digits.split_size("test"))[:64])
@@ -411,7 +411,7 @@ def compiled_forward(model, maps):
 
 calls = {name: (fn, (state, batch)) for name, (model, maps) in timed.items()
          for fn, state in [compiled_forward(model, maps)]}
-ms = best_ms(calls, repeats=3, rounds=2)
+ms = best_ms(calls, repeats=2, rounds=5)
 cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""  # Linux names the CPU model here
 cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
            platform.processor() or platform.machine())
@@ -428,14 +428,26 @@ ax.set_xlabel("forward time per 128 images (ms)")
 ax.set_title("Measured side by side, one run", fontsize=10);
 
 # %% [markdown]
-# **Claim: the MoD models are faster than the dense one, and the lower the capacity the faster** -- the
-# skipped tokens really are not computed. How the ratios compare with the FLOP ratios depends on the machine
-# and its load (the printed numbers are this run's): the gathers, the scatters and the top-k are left out of
-# the FLOP count, and at this size a CPU spends a good part of its time on overheads that do not shrink with
-# the tokens.
+# **What the clock says at this size: little you can rely on.** A forward pass takes tens of milliseconds,
+# much of it overhead that does not shrink with the tokens (the gathers, scatters and top-k the FLOP count
+# leaves out, and dispatching many small operations), and on a shared machine other programs move the numbers
+# by more than MoD saves. When we wrote this, on a 2-core machine busy with other work, three runs of this
+# cell gave A-MoD at 50% capacity 1.01, 0.48 and 0.36 times the dense model's time (dense with explicit maps),
+# at 12.5% 0.54, 0.76 and 0.66 -- and once, under a heavier load, 1.09. The fused dense attention was the
+# slower dense path in every run. So we do not assert a wall-clock ratio here; `benchmarks/mod.py` measures
+# one MoD block at ViT-S/16 sizes, where the saving is clear (benchmarks/README.md: 0.41-0.45 of the full
+# block's time at 50%, 0.09 at 12.5%, on a CPU).
+#
+# **Claim: the compiled programs really compute less.** What we can assert is XLA's own FLOP count of the
+# compiled forward passes (`cost_analysis`): it falls with the capacity, as the analytic count says -- the
+# skipped tokens are never computed, not masked after the fact.
 
 # %%
-assert ms["A-MoD C = 0.125"] < ms["A-MoD C = 0.5"] < min(ms["dense (fused attention)"], reference), ms
+xla_flops = {name: calls[name][0].lower(*calls[name][1]).compile().cost_analysis()["flops"]
+             for name in ("dense (explicit maps)", "A-MoD C = 0.5", "A-MoD C = 0.125")}
+for name, value in xla_flops.items():
+    print(f"{name:23s} XLA: {value / xla_flops['dense (explicit maps)']:.2f} x dense")
+assert xla_flops["A-MoD C = 0.125"] < xla_flops["A-MoD C = 0.5"] < 0.85 * xla_flops["dense (explicit maps)"], xla_flops
 
 # %% [markdown]
 # ## 9. Explore: the capacity

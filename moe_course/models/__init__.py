@@ -10,7 +10,7 @@ from moe_course.configs.soft_moe import SoftMoEConfig
 from moe_course.configs.vmoe import VMoEConfig
 from moe_course.models.mod import MoDViT, mod_from_vit, mod_param_count
 from moe_course.models.output import ModelOutput
-from moe_course.models.vit import ViT, count_params, patchify, vit_param_count
+from moe_course.models.vit import ViT, count_params, patchify, truncated_vit, vit_param_count
 from moe_course.models.soft_moe import SoftMoEViT, soft_moe_param_count
 from moe_course.models.vmoe import VMoE, temporary_routing, vmoe_param_count, with_routing
 
@@ -26,5 +26,5 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
 
 
 __all__ = ["MoDViT", "ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model", "count_params", "mod_from_vit",
-           "mod_param_count", "patchify", "soft_moe_param_count", "temporary_routing", "vit_param_count",
-           "vmoe_param_count", "with_routing"]
+           "mod_param_count", "patchify", "soft_moe_param_count", "temporary_routing", "truncated_vit",
+           "vit_param_count", "vmoe_param_count", "with_routing"]

@@ -90,7 +90,9 @@ low_c_configs = {f"chapter03-vmoe-{allocation}-c{LOW_C}": moe_config.replace(
     for allocation in ("vanilla", "bpr")}
 trained = train_side_by_side({"chapter03-dense": dense_config, "chapter03-vmoe": moe_config, **low_c_configs}, digits,
                              {"chapter03-dense": run_config, "chapter03-vmoe": run_config,
-                              **dict.fromkeys(low_c_configs, low_c_run)}, workdir=WORKDIR)
+                              **dict.fromkeys(low_c_configs, low_c_run)}, workdir=WORKDIR, progress=False)
+for name, result in trained.items():  # four progress bars at once would interleave; one line per run instead
+    print(f"{name}: trained in {result.seconds:.0f} s" + (" (resumed)" if result.resumed_from else ""))
 dense_model, moe_model = trained["chapter03-dense"].model, trained["chapter03-vmoe"].model
 dense_test, moe_test = evaluate(dense_model, digits, "test"), evaluate(moe_model, digits, "test")
 print(f"dense ViT (MLP 192): test accuracy {dense_test['accuracy']:.3f}, loss {dense_test['loss']:.3f}")

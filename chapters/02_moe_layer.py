@@ -686,6 +686,62 @@ assert served_mass["bpr", 0.1] > served_mass["vanilla", 0.1]
 # At `C = 0.1` each expert takes only a handful of the 128 choices of its group; which ones it takes is
 # where vanilla routing and BPR part ways -- and, with a trained router, where they part in accuracy.
 #
+# ## The same layer in PyTorch
+#
+# Every routing function and layer of this chapter has a PyTorch twin in `moe_course.torch`, with the same
+# names, arguments and errors (`moe_course.torch.routing.top_k_routing`, `...allocate`, `...dispatch`, and
+# `moe_course.torch.layers.SparseMoE`). `torch_state_dict` lays the NNX layer's weights out for PyTorch
+# (a `Linear` kernel `(in, out)` becomes a `weight` `(out, in)`; the expert kernels keep their `(E, in, out)`
+# layout), and the twin then makes the *same decisions*: the same experts, the same served and dropped
+# choices, the same buffer fill -- ties included, since both break them towards the lower index. Here at
+# `C = 0.5` with BPR, where this untrained router has more than half of the choices dropped, we compare the
+# outputs, the aux loss and the gradient with respect to the tokens. (PyTorch is optional:
+# `pip install 'moe-course[torch]'`, see the README.)
+
+# %%
+try:
+    import torch
+except ImportError:  # the rest of the course does not need PyTorch
+    torch = None
+    print("PyTorch is not installed; skipping the comparison (pip install 'moe-course[torch]', see the README)")
+
+if torch is not None:
+    from moe_course.torch.convert import torch_state_dict
+    from moe_course.torch.layers import SparseMoE as TorchSparseMoE
+
+    settings = dict(k=2, capacity_ratio=0.5, group_size=4, allocation="bpr")
+    twin = TorchSparseMoE(WIDTH, HIDDEN, E, **settings).eval()  # eval mode: no router noise, as the JAX call
+    twin.load_state_dict(torch_state_dict(layer))
+    layer.capacity_ratio, layer.allocation = 0.5, "bpr"
+
+    def jax_loss(tokens):
+        out = layer(tokens)
+        return out.output.sum() + out.aux_loss, out
+
+    (_, jax_out), jax_grad = jax.value_and_grad(jax_loss, has_aux=True)(layer_tokens)
+    torch_tokens = torch.from_numpy(np.array(layer_tokens)).requires_grad_()
+    torch_out = twin(torch_tokens)
+    (torch_out.output.sum() + torch_out.aux_loss).backward()
+    layer.capacity_ratio, layer.allocation = 1.05, "vanilla"
+
+    same_choices = np.array_equal(jax_out.routing.expert_index, torch_out.routing.expert_index.numpy())
+    same_served = np.array_equal(jax_out.routing.served, torch_out.routing.served.numpy())
+    output_gap = np.abs(np.asarray(jax_out.output) - torch_out.output.detach().numpy()).max()
+    aux_gap = abs(float(jax_out.aux_loss) - torch_out.aux_loss.item())
+    grad_gap = np.abs(np.asarray(jax_grad) - torch_tokens.grad.numpy()).max()
+    print(f"same experts: {same_choices}; same served/dropped choices: {same_served} "
+          f"({1 - np.asarray(jax_out.routing.served).mean():.0%} dropped)")
+    print(f"largest difference: output {output_gap:.1e}, aux loss {aux_gap:.1e}, d/dtokens {grad_gap:.1e}")
+    assert same_choices and same_served
+    assert np.array_equal(jax_out.routing.expert_fill, torch_out.routing.expert_fill.numpy())
+    assert output_gap < 1e-5 and aux_gap < 1e-5 and grad_gap < 1e-4
+
+# %% [markdown]
+# The differences are float32 rounding (the two frameworks sum in different orders), five orders of
+# magnitude below anything that could flip a decision here. `moe_course.torch.convert.to_torch` converts whole
+# models the same way (V-MoE, Soft MoE ViT, MoD ViT), and `moe-course evaluate --framework both` evaluates a
+# trained run in both frameworks (README, "Using the layers from PyTorch").
+#
 # ## What's next
 #
 # Chapter 3 puts `SparseMoE` into every other block of a ViT -- V-MoE -- and trains it on the cluttered

@@ -25,13 +25,12 @@
 # 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3) -- which, at our
 #    scale, we could not reproduce reliably.
 #
-# The four models of this chapter train two at a time, about a minute and a half per pair on two CPU cores. They are checkpointed under
+# The four models of this chapter train side by side, in about a minute and a half on two CPU cores. They are checkpointed under
 # `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads them instead of training.
 
 # %%
 import os
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
@@ -43,7 +42,7 @@ from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.models import temporary_routing, vit_param_count, vmoe_param_count
 from moe_course.routing import CapacityRoundingWarning
 from moe_course.analysis import collect_routing, expert_class_weights, flops_per_image, token_served
-from moe_course.train import TrainConfig, evaluate, train
+from moe_course.train import TrainConfig, evaluate, evaluate_routings, train_side_by_side
 from moe_course.viz import show_dropped_patches, show_expert_class_heatmaps
 
 # Small groups make the integer buffer sizes round away from C; the chapter prints the capacities it uses.
@@ -70,36 +69,39 @@ digits = ClutteredDigits()
 # %%
 moe_config = get_preset("vmoe", "digits-tiny-moe")
 dense_config = get_preset("vit", "digits-tiny").replace(name="digits-tiny-mlp192", mlp_dim=192)
-CHAPTER_STEPS = 1000
+CHAPTER_STEPS = 800
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=1e-3, warmup_steps=100, log_every=50,
-                         eval_every=CHAPTER_STEPS, checkpoint_every=CHAPTER_STEPS)
+                         eval_every=0, checkpoint_every=CHAPTER_STEPS)
 flops = {"dense": flops_per_image(dense_config), "V-MoE": flops_per_image(moe_config)}
 print(f"dense: {vit_param_count(dense_config) / 1e3:.0f}k parameters, {flops['dense'] / 1e6:.2f} MFLOPs per image; "
       f"V-MoE: {vmoe_param_count(moe_config) / 1e3:.0f}k parameters, {flops['V-MoE'] / 1e6:.2f} MFLOPs per image")
 assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to the 5% buffer slack
 
 # %% [markdown]
-# XLA runs these small models on little more than one CPU core, so we train the two side by side in two
-# threads (`train` is an ordinary function; each call has its own model, optimizer, data order and checkpoints).
+# XLA runs these small models on little more than one CPU core, so we train them side by side in threads
+# (`train_side_by_side`; each run has its own model, optimizer, data order and checkpoints) -- and with them
+# the two V-MoEs of section 6, trained at a small capacity ratio.
 
 # %%
-def train_side_by_side(train_config, *runs):
-    """Train several (model config, workdir) pairs concurrently; returns their trained models."""
-    with ThreadPoolExecutor(len(runs)) as pool:
-        jobs = [pool.submit(train, config, digits, train_config, workdir=os.path.join(WORKDIR, workdir))
-                for config, workdir in runs]
-        return [job.result().model for job in jobs]
-
-
-dense_model, moe_model = train_side_by_side(run_config, (dense_config, "chapter03-dense"), (moe_config, "chapter03-vmoe"))
+LOW_C = 0.25  # section 6 trains two more V-MoEs at this capacity ratio, with vanilla routing and with BPR
+low_c_run = run_config.replace(batch_size=32)
+low_c_configs = {f"chapter03-vmoe-{allocation}-c{LOW_C}": moe_config.replace(
+    name=f"digits-tiny-moe-{allocation}-c{LOW_C}", allocation=allocation, capacity_ratio=LOW_C)
+    for allocation in ("vanilla", "bpr")}
+trained = train_side_by_side({"chapter03-dense": dense_config, "chapter03-vmoe": moe_config, **low_c_configs}, digits,
+                             {"chapter03-dense": run_config, "chapter03-vmoe": run_config,
+                              **dict.fromkeys(low_c_configs, low_c_run)}, workdir=WORKDIR, progress=False)
+for name, result in trained.items():  # four progress bars at once would interleave; one line per run instead
+    print(f"{name}: trained in {result.seconds:.0f} s" + (" (resumed)" if result.resumed_from else ""))
+dense_model, moe_model = trained["chapter03-dense"].model, trained["chapter03-vmoe"].model
 dense_test, moe_test = evaluate(dense_model, digits, "test"), evaluate(moe_model, digits, "test")
 print(f"dense ViT (MLP 192): test accuracy {dense_test['accuracy']:.3f}, loss {dense_test['loss']:.3f}")
 print(f"V-MoE (E=8, k=2):    test accuracy {moe_test['accuracy']:.3f}, loss {moe_test['loss']:.3f}")
 
 # %% [markdown]
 # **Claim: after the same short training the V-MoE is clearly ahead of the dense model of equal compute per
-# token -- but at this scale the lead does not last.** When we wrote this chapter, 1,000 steps of 64 images
-# gave V-MoE 0.799 and dense 0.608 test accuracy (the numbers above are this run's): the experts speed up
+# token -- but at this scale the lead does not last.** When we wrote this chapter, 800 steps of 64 images
+# gave V-MoE 0.740 and dense 0.535 test accuracy (the numbers above are this run's): the experts speed up
 # learning, as the paper reports at every scale it tried. Trained longer, the dense model catches up: with
 # the command-line recipe (2,500 steps of 128 images) both `digits-tiny` and `digits-tiny-moe` reached 0.957
 # (test losses 0.132 and 0.125). The paper's lasting gains come from JFT-300M, hundreds of millions of images a dense model of the
@@ -129,11 +131,9 @@ assert moe_test["accuracy"] >= dense_test["accuracy"] + 0.05, (dense_test, moe_t
 
 # %%
 CAPACITIES = (1.05, 0.9, 0.75, 0.5, 0.35, 0.25, 0.1)
-sweep = {}
-for allocation in ("vanilla", "bpr"):
-    for c in CAPACITIES:
-        with temporary_routing(moe_model, allocation=allocation, capacity_ratio=c):
-            sweep[allocation, c] = evaluate(moe_model, digits, "test")["accuracy"]
+routings = [{"allocation": allocation, "capacity_ratio": c} for allocation in ("vanilla", "bpr") for c in CAPACITIES]
+sweep = {(r["allocation"], r["capacity_ratio"]): result["accuracy"]  # evaluated two at a time, on copies
+         for r, result in zip(routings, evaluate_routings(moe_model, digits, routings))}
 for c in CAPACITIES:
     print(f"C = {c:4.2f}: vanilla {sweep['vanilla', c]:.3f}   BPR {sweep['bpr', c]:.3f}")
 
@@ -263,20 +263,22 @@ assert specialisation[-1] > specialisation[0], specialisation
 # with. We keep C = 1.05, so the buffers grow with k.
 
 # %%
-by_k = {}
-for k in (1, 2, 3):
-    with temporary_routing(moe_model, k=k, capacity_ratio=1.05):
-        by_k[k] = evaluate(moe_model, digits, "test")["accuracy"]
-    print(f"k = {k}: test accuracy {by_k[k]:.3f}")
+by_k = dict(zip((1, 2, 3), evaluate_routings(moe_model, digits, [{"k": k, "capacity_ratio": 1.05} for k in (1, 2, 3)])))
+for k, result in by_k.items():
+    print(f"k = {k}: test accuracy {result['accuracy']:.3f}, test loss {result['loss']:.3f}")
 
 # %% [markdown]
-# **Claim: dropping to k = 1 costs accuracy on a model trained with k = 2** (its second choices carried
-# part of the computation). Going up to k = 3 mixes in the experts the router ranked third, which were never
-# combined this way in training; the paper finds that a larger k at inference can help, but when we wrote
-# this chapter it cost a little here (0.793 against 0.799), so we assert only the k = 1 loss.
+# **Claim: dropping to k = 1 costs a model trained with k = 2** (its second choices carried part of the
+# computation) -- **measured in the test loss, which the accuracy may not show.** When we wrote this chapter
+# (800 steps), k = 1 gave accuracy 0.725 and loss 0.877 against 0.740 and 0.834 at k = 2; in a run of 1,000
+# steps the loss rose from 0.588 to 0.630 while the accuracy stayed at 0.807 (847 of 1,050 images both times).
+# The loss sees every image's confidence, the accuracy only the decisions that flip, so we assert the loss.
+# Going up to k = 3 mixes in the experts the router ranked third, which were never combined this way in
+# training; the paper finds that a larger k at inference can help. Here it changed little either way (0.744
+# against 0.740; 0.808 against 0.807 in the longer run), so we assert nothing about it.
 
 # %%
-assert by_k[1] < by_k[2], by_k
+assert by_k[1]["loss"] > by_k[2]["loss"] + 0.02, by_k
 
 # %% [markdown]
 # ## 6. Training with BPR at low capacity (App. C.3)
@@ -286,30 +288,26 @@ assert by_k[1] < by_k[2], by_k
 # which saves training FLOPs, and models trained with BPR at such a C beat models trained with vanilla
 # routing at the same C by a wide margin (matching the dense model with about 80% of its training FLOPs).
 #
-# We train two more V-MoEs at C = 0.25 -- one with vanilla routing, one with BPR -- for 1,000 steps of 32
-# images, half the images of section 1 (the budget of this notebook), and evaluate each at that C with both
-# routing algorithms.
+# Two more V-MoEs were trained at C = 0.25 in section 1, beside the first two -- one with vanilla routing,
+# one with BPR -- for the same number of steps with 32 images each, half the images of the first two (the
+# budget of this notebook). We evaluate each at that C with both routing algorithms.
 
 # %%
-LOW_C = 0.25
-low_c_run = run_config.replace(batch_size=32)
-trained_at_low_c = dict(zip(("vanilla", "bpr"), train_side_by_side(low_c_run, *[
-    (moe_config.replace(name=f"digits-tiny-moe-{allocation}-c{LOW_C}", allocation=allocation, capacity_ratio=LOW_C),
-     f"chapter03-vmoe-{allocation}-c{LOW_C}") for allocation in ("vanilla", "bpr")])))
 low_c = {}
-for trained_with, model in trained_at_low_c.items():
-    for routed_with in ("vanilla", "bpr"):
-        with temporary_routing(model, allocation=routed_with):
-            low_c[trained_with, routed_with] = evaluate(model, digits)["accuracy"]
+for trained_with, name in zip(("vanilla", "bpr"), low_c_configs):
+    for routed_with, evaluated in zip(("vanilla", "bpr"), evaluate_routings(
+            trained[name].model, digits, [{"allocation": "vanilla"}, {"allocation": "bpr"}])):
+        low_c[trained_with, routed_with] = evaluated["accuracy"]
         print(f"trained with {trained_with:7s} at C={LOW_C}, evaluated with {routed_with:7s}: "
               f"test accuracy {low_c[trained_with, routed_with]:.3f}")
 
 # %% [markdown]
-# **What we measured, honestly: at this scale the App. C.3 result is not reliable.** In this run (and when we
-# wrote the chapter: 0.628 for BPR against 0.563 for vanilla) the BPR-trained model is ahead. But the same
-# experiment with other short budgets gave gaps of +0.02 (800 steps of 32 images), +0.01 (600 of 64), none
-# (400 of 64) and -0.01 at C = 0.1 (800 of 32): with models this far from converged, the gap is within
-# seed-to-seed noise. So we assert only that both low-capacity models learn; re-run it with more steps
+# **What we measured, honestly: at this scale the App. C.3 result is not reproduced.** When we wrote this
+# chapter (800 steps of 32 images) the vanilla-trained model was ahead: 0.534 against 0.488 for the
+# BPR-trained one, each evaluated with its own routing. Earlier versions of this experiment gave the BPR-trained
+# model a lead of +0.07 (1,000 steps of 32 images), +0.02 (800 of 32), +0.01 (600 of 64), none (400 of 64) and
+# -0.01 at C = 0.1 (800 of 32): with models this far from converged, the sign of the gap changes from one
+# budget or seed to the next. So we assert only that both low-capacity models learn; re-run it with more steps
 # (`moe-course train vmoe --preset digits-tiny-moe --allocation bpr --capacity-ratio 0.25 --workdir
 # runs/bpr-c0.25`, and the same with `vanilla`) to see more.
 

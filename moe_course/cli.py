@@ -13,6 +13,9 @@ from moe_course.routing.mod import MOD_ROUTERS
 from moe_course.data.base import DataError
 
 
+FRAMEWORKS = ("jax", "torch", "both")
+
+
 def _preset_list() -> str:
     lines = []
     for family, presets in PRESETS.items():
@@ -66,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--workdir", required=True)
     _add_data_args(evaluate, DATASETS)
     evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
+    evaluate.add_argument("--framework", default="jax", choices=FRAMEWORKS,
+                          help="jax; torch: the model converted to its PyTorch twin (needs moe-course[torch]); "
+                               "both: the two side by side")
     _add_routing_args(evaluate, "evaluate the trained model with other settings")
     return parser
 
@@ -199,7 +205,7 @@ def _train(args) -> dict:
 
 def _evaluate(args) -> dict:
     from moe_course.data import load_dataset
-    from moe_course.models import with_routing
+    from moe_course.models import LIMoE, with_routing
     from moe_course.train.restore import load_run
 
     run = load_run(args.workdir)
@@ -208,8 +214,25 @@ def _evaluate(args) -> dict:
         with_routing(run.model, **routing)
     dataset = load_dataset(_dataset_name(args, run.model_config), args.data_dir,
                            image_size=run.model_config.image_size)
-    metrics = _test_metrics(run.model, dataset, args.split, run.train_config.eval_batch_size)
-    return {"workdir": args.workdir, "step": run.step, "split": args.split, **routing, **metrics}
+    summary = {"workdir": args.workdir, "step": run.step, "split": args.split, **routing}
+    batch_size = run.train_config.eval_batch_size
+    if args.framework != "torch":
+        summary.update(_test_metrics(run.model, dataset, args.split, batch_size))
+    if args.framework != "jax":
+        if isinstance(run.model, LIMoE):
+            raise ValueError(f"--framework {args.framework} is not available for LIMoE (no PyTorch twin yet); "
+                             f"use --framework jax")
+        try:
+            from moe_course.torch.convert import to_torch
+            from moe_course.torch.evaluate import evaluate as evaluate_torch
+        except ImportError as err:
+            raise ValueError(f"--framework {args.framework} needs PyTorch ({err}); install it as the README says "
+                             f"(pip install 'moe-course[torch]' after a CPU or CUDA torch wheel)") from err
+
+        metrics = evaluate_torch(to_torch(run.model), dataset, args.split, batch_size=batch_size)
+        summary.update({f"torch_{args.split}_accuracy": round(metrics["accuracy"], 4),
+                        f"torch_{args.split}_loss": round(metrics["loss"], 4)})
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,9 +9,9 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _run(script: str, *args: str) -> str:
+def _run(script: str, *args: str, timeout: int = 120) -> str:
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=BENCHMARKS.parent,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.startswith("device: "), result.stdout[:500]
     return result.stdout
@@ -70,13 +70,27 @@ def test_limoe_benchmark():
 
 @pytest.mark.parametrize("script", ["attention.py", "moe_layer.py", "soft_moe.py", "limoe.py"])
 def test_benchmark_help(script):
+    assert _run_help(script).startswith("usage:")
+
+
+def _run_help(script: str) -> str:
     result = subprocess.run([sys.executable, str(BENCHMARKS / script), "--help"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.startswith("usage:")
+    return result.stdout
 
 
 def test_mod_benchmark():
     out = _run("mod.py", "--quick")
     row = _row(out, "MoD/full", "attention")
     assert row[1:3] == ["0.5", "8"] and all(_is_number(field) for field in row[1:])
+
+
+def test_torch_vs_jax_benchmark():
+    pytest.importorskip("torch", reason="the PyTorch twins need torch (pip install 'moe-course[torch]')")
+    assert "usage:" in _run_help("torch_vs_jax.py")
+    out = _run("torch_vs_jax.py", "--quick", timeout=300)  # compiles seven JAX gradients: slow on a busy CPU
+    assert "PyTorch" in out.splitlines()[0]
+    for layer in ("SparseMoE", "SoftMoE", "MoD"):
+        row = _row(out, "torch/jax", layer)
+        assert all(_is_number(field) for field in row[-3:]), row

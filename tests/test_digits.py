@@ -37,6 +37,23 @@ def test_deterministic_and_fresh_each_epoch(digits):
     np.testing.assert_array_equal(t1, t2)
 
 
+def test_cached_splits_equal_fresh_drawing_and_stay_within_budget():
+    cached, fresh = ClutteredDigits(), ClutteredDigits()
+    fresh.cache_bytes = 0  # nothing fits: every call draws its examples directly
+    rows = np.array([1039, 0, 17, 17])
+    for split, epoch in (("train", 0), ("train", 5), ("val", 2), ("test", 0)):
+        a, b = cached.get(split, rows, epoch=epoch), fresh.get(split, rows, epoch=epoch)
+        assert a.keys() == b.keys()
+        for name in a:
+            np.testing.assert_array_equal(a[name], b[name])
+    assert not fresh._cache
+    epoch_bytes = cached.split_size("train") * (32 * 32 + 5) * 4
+    cached.cache_bytes = 2 * epoch_bytes
+    for epoch in range(6):
+        cached.get("train", rows, epoch=epoch)
+    assert list(cached._cache) == [("train", 4), ("train", 5)]
+
+
 def test_digit_box_holds_the_bright_glyph(digits):
     batch = digits.get("test", np.arange(20))
     for image, (top, left, h, w) in zip(batch["image"][..., 0], batch["box"]):

@@ -1,6 +1,7 @@
 """LIMoE one-tower model (Sec. 2.2), its contrastive loss (Eq. 1) and its config checks."""
 
 import math
+import re
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +10,7 @@ import pytest
 from flax import nnx
 
 from moe_course.configs import LIMoEConfig, config_from_dict, config_to_dict, get_preset
-from moe_course.models import LIMoE, build_model
+from moe_course.models import LIMoE, build_model, pruned_experts, temporary_routing
 from moe_course.routing import batch_prioritized_allocation
 from moe_course.train.contrastive import contrastive_loss
 
@@ -149,3 +150,44 @@ def test_presets_validate_and_round_trip():
     assert (paper.num_experts, paper.k, paper.allocation, paper.seq_len, paper.embed_dim) == (32, 1, "bpr", 16, 512)
     np.testing.assert_allclose([paper.text_tau, paper.image_tau, paper.aux_loss_weight], [math.log(9), math.log(20), 0.04])
     assert get_preset("limoe", "digits-dense-one-tower").moe_blocks() == ()
+
+
+def test_pruned_experts_route_only_to_kept_experts_and_restore_the_model(tiny, pairs):
+    model = LIMoE(tiny, rngs=nnx.Rngs(0))
+    images, text, mask = pairs
+    full = model(images, text, mask)
+    with pruned_experts(model, [np.ones(4, bool)], mode="router_drop"):
+        same = model(images, text, mask)  # keeping every expert changes nothing
+    np.testing.assert_allclose(same.text_embedding, full.text_embedding, atol=1e-6)
+    keep = np.array([True, False, True, False])
+    with pruned_experts(model, [keep], mode="router_pred"):
+        (pred,) = model(images, text, mask).routing
+    with pruned_experts(model, [keep], mode="router_drop"):
+        (drop,) = model(images, text, mask).routing
+    assert set(np.unique(np.asarray(pred.expert_index))) == {0, 2}
+    np.testing.assert_array_equal(pred.expert_index, drop.expert_index)  # same experts, different gates
+    assert float(jnp.max(drop.gates - pred.gates)) > 0
+    np.testing.assert_allclose(model(images, text, mask).text_embedding, full.text_embedding, atol=1e-6)
+    assert model.moe_layers()[0].expert_keep is None
+
+
+@pytest.mark.parametrize("keep, mode, message", [
+    ([np.ones(4, bool)], "router_guess", "mode='router_guess'"),
+    ([np.ones(4, bool)] * 2, "router_pred", "keep has 2 masks"),
+    ([np.ones(3, bool)], "router_pred", "keep[0] has shape (3,)"),
+    ([np.zeros(4, bool)], "router_pred", "with 0 kept experts"),
+])
+def test_pruned_experts_bad_input_changes_nothing(tiny, keep, mode, message):
+    model = LIMoE(tiny, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        with pruned_experts(model, keep, mode=mode):
+            pass
+    assert model.moe_layers()[0].expert_keep is None
+
+
+def test_with_routing_changes_a_limoe_capacity(tiny, pairs):
+    model = LIMoE(tiny, rngs=nnx.Rngs(0))
+    with temporary_routing(model, capacity_ratio=4.0):
+        (record,) = model(*pairs).routing
+        assert bool(record.served[model(*pairs).modality.reshape(record.served.shape[:2]) >= 0].all())
+    assert model.config.capacity_ratio == 1.0 and model.moe_layers()[0].capacity_ratio == 1.0

@@ -273,3 +273,66 @@ def test_mod_flops_count_the_kept_tokens_only():
     assert dense_parts["attention"] - parts["attention"] == 6 * (attention_flops(t, d) - attention_flops(kept, d))
     standard = flops_breakdown(mod.replace(router="standard"))
     assert standard["mlp"] - parts["mlp"] == 6 * 2 * t * d  # the linear routers
+
+
+# --- the isoFLOP baseline: the dense ViT with fewer blocks ----------------------------------------------------
+
+from moe_course.analysis import attention_flops, flops_per_image, isoflop_depth, mlp_flops  # noqa: E402
+from moe_course.models import truncated_vit  # noqa: E402
+
+
+def test_isoflop_depth_is_the_dense_depth_of_nearest_cost():
+    dense = get_preset("vit", "digits-small")  # 64 tokens, width 96, MLP 192, 6 blocks
+    block = attention_flops(64, 96) + mlp_flops(64, 96, 192)
+    for capacity, kept, depth in ((0.5, 32, 4), (0.125, 8, 3)):
+        mod = MOD_PRESETS[f"mod-digits-small-c{capacity}"]
+        mod_block = attention_flops(kept, 96) + mlp_flops(kept, 96, 192)
+        assert flops_per_image(mod) - flops_per_image(dense) == 3 * (mod_block - block)
+        costs = [abs(flops_per_image(dense.replace(depth=d)) - flops_per_image(mod)) for d in range(1, 7)]
+        assert isoflop_depth(mod) == depth == 1 + int(np.argmin(costs))
+    # A-MoD Table 1's isoFLOP models (FLOPs there count a multiply-add once): 9 of 12 blocks at C = 0.5 for
+    # DeiT-Ti/S and ViT-B, 18 of 24 for ViT-L; at C = 0.125, 7 (DeiT-Ti) and 13 (ViT-L). For DeiT-S and ViT-B at
+    # C = 0.125 the paper keeps 6 blocks although 7 are nearer the MoD model's cost.
+    depths = [isoflop_depth(MOD_PRESETS[f"mod-{m}-c{c}"]) for m in ("deit-ti/16", "deit-s/16", "vit-b/16", "vit-l/16")
+              for c in (0.5, 0.125)]
+    assert depths == [9, 7, 9, 7, 9, 7, 18, 13]
+    assert isoflop_depth(dense) == 6 and isoflop_depth(dense.replace(depth=1)) == 1
+
+
+@pytest.mark.parametrize("pool", ["gap", "cls"])
+def test_truncated_vit_is_the_first_blocks_with_weights_bit_identical(pool):
+    config = DENSE.replace(image_size=16, pool=pool)
+    dense = ViT(config, rngs=nnx.Rngs(4))
+    short = truncated_vit(dense, 2)
+    assert short.config == config.replace(depth=2, name=f"{config.name}-depth2") and len(short.blocks) == 2
+    theirs = _leaves(short)
+    for path, value in _leaves(dense).items():
+        if path[0] == "blocks" and int(path[1]) >= 2:
+            continue
+        assert np.array_equal(theirs.pop(path), value), path
+    assert not theirs, theirs.keys()
+
+    @nnx.jit
+    def first_two_blocks(model, images):
+        x = model.embed(images)
+        for block in model.blocks[:2]:
+            x, _, _ = block(x)
+        return model.head(model.pool(model.norm(x)))
+
+    logits = nnx.jit(lambda model, images: model(images).logits)
+    images = jax.random.uniform(jax.random.key(0), (2, 16, 16, 1))
+    np.testing.assert_allclose(logits(short, images), first_two_blocks(dense, images), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(logits(truncated_vit(dense, 4), images), logits(dense, images))
+
+
+@pytest.mark.parametrize("depth", [0, 5, 2.0, True])
+def test_truncation_outside_the_models_depth_is_refused(depth):
+    message = rf"depth={depth!r} is not allowed; use an integer from 1 to the model's depth 4"
+    with pytest.raises(ValueError, match=message):
+        truncated_vit(ViT(DENSE, rngs=nnx.Rngs(0)), depth)
+
+
+def test_only_a_dense_vit_is_truncated():
+    mod = mod_from_vit(ViT(DENSE, rngs=nnx.Rngs(0)), capacity=0.5)
+    with pytest.raises(ValueError, match="model is a MoDViT; only a dense ViT"):
+        truncated_vit(mod, 2)

@@ -7,6 +7,7 @@ from moe_course.analysis.flops import (
     attention_flops,
     flops_breakdown,
     flops_per_image,
+    isoflop_depth,
     mlp_flops,
     soft_moe_flops,
     soft_moe_layer_flops,
@@ -32,6 +33,6 @@ from moe_course.analysis.zero_shot import (
 
 __all__ = ["attention_flops", "collect_routing", "embed_images", "embed_texts", "evaluate_contrastive",
            "expert_class_weights", "expert_shares", "experts_used", "flops_breakdown", "flops_per_image",
-           "measure_success_rates", "mlp_flops", "priority_by_modality", "recall_at_k", "soft_moe_flops", "soft_moe_layer_flops",
-           "sparse_moe_flops", "success_rate", "success_rates", "token_served", "zero_shot_predictions",
-           "zero_shot_weights"]
+           "isoflop_depth", "measure_success_rates", "mlp_flops", "priority_by_modality", "recall_at_k",
+           "soft_moe_flops", "soft_moe_layer_flops", "sparse_moe_flops", "success_rate", "success_rates",
+           "token_served", "zero_shot_predictions", "zero_shot_weights"]

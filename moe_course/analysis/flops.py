@@ -34,7 +34,7 @@ import warnings
 from moe_course.configs.limoe import LIMoEConfig
 from moe_course.configs.mod import MoDConfig
 from moe_course.configs.soft_moe import SoftMoEConfig
-from moe_course.configs.vit import ViTConfig
+from moe_course.configs.vit import ViTConfig, backbone_of
 from moe_course.configs.vmoe import VMoEConfig
 from moe_course.routing import CapacityRoundingWarning, expert_capacity, mod_capacity
 
@@ -115,3 +115,16 @@ def flops_per_image(config: ViTConfig) -> int:
     """Total forward FLOPs per image (per image-text pair for LIMoE) of the model ``config`` describes (sum of
     ``flops_breakdown``)."""
     return sum(flops_breakdown(config).values())
+
+
+def isoflop_depth(config: ViTConfig) -> int:
+    """Blocks of the dense ViT on ``config``'s backbone whose forward FLOPs per image come closest to those of
+    ``config`` (A-MoD Sec. 4.1 and Table 1: the isoFLOP baseline is the pretrained model with fewer layers).
+
+    config: any model config of the course (MoDConfig, VMoEConfig, SoftMoEConfig, ViTConfig). Returns an int
+    in 1..config.depth; on a tie the shallower model. Raises ValueError (from validate) for an invalid config.
+    """
+    target = flops_per_image(config)
+    dense = backbone_of(config)
+    costs = {depth: flops_per_image(dense.replace(depth=depth)) for depth in range(1, config.depth + 1)}
+    return min(costs, key=lambda depth: (abs(costs[depth] - target), depth))

@@ -13,6 +13,8 @@ are fixed by the seed. Everything is a function of the seed.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -156,6 +158,8 @@ class ClutteredDigits:
         self._labels = labels
         self._split_glyph_ids = _split_glyphs(labels, config.glyphs_per_class, config.seed)
         self.image_shape = (config.image_size, config.image_size, 1)
+        self._cache: OrderedDict[tuple[str, int], dict[str, np.ndarray]] = OrderedDict()
+        self._cache_lock = threading.Lock()
 
     @cached_property
     def _scaled(self) -> dict[int, np.ndarray]:
@@ -180,15 +184,44 @@ class ClutteredDigits:
         return self._split_glyph_ids[split]
 
     def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
-        """Render examples ``indices`` of ``split``. Training canvases change with ``epoch``; val/test do not."""
+        """Examples ``indices`` of ``split``. Training canvases change with ``epoch``; val/test do not.
+
+        Each example is drawn from its own generator seeded by (seed, split, epoch, index), so a batch does
+        not depend on which other examples are drawn with it. Whole splits are rendered once per epoch and
+        kept (newest first) up to ``cache_bytes``: models trained side by side on one seed, and repeated
+        evaluations, share the canvases instead of drawing them again.
+        """
         indices = check_indices(self, split, indices)
+        draw_epoch = epoch if split == "train" else 0
+        rendered = self._rendered(split, draw_epoch)
+        if rendered is None:
+            return self._render(split, indices, draw_epoch)
+        return {name: values[indices] for name, values in rendered.items()}
+
+    cache_bytes = 128 * 2**20
+
+    def _rendered(self, split: str, draw_epoch: int) -> dict[str, np.ndarray] | None:
+        """The whole split as drawn in ``draw_epoch``, from the cache; None when it exceeds ``cache_bytes``."""
+        epoch_bytes = self.split_size(split) * (self.config.image_size ** 2 + 5) * 4
+        keep = self.cache_bytes // epoch_bytes
+        if keep < 1:
+            return None
+        with self._cache_lock:
+            key = (split, draw_epoch)
+            if key not in self._cache:
+                self._cache[key] = self._render(split, np.arange(self.split_size(split)), draw_epoch)
+                while len(self._cache) > keep:
+                    self._cache.popitem(last=False)
+            self._cache.move_to_end(key)
+            return self._cache[key]
+
+    def _render(self, split: str, indices: np.ndarray, draw_epoch: int) -> dict[str, np.ndarray]:
         n_glyphs = len(self._split_glyph_ids[split])
         cfg = self.config
         size = cfg.image_size
         images = np.zeros((len(indices), size, size, 1), np.float32)
         labels = np.zeros((len(indices),), np.int32)
         boxes = np.zeros((len(indices), 4), np.int32)
-        draw_epoch = epoch if split == "train" else 0
         canvases = np.zeros((len(indices), size, size), np.float32)
         noise = np.zeros_like(canvases)
         rows, strokes, pastes = [], [], []

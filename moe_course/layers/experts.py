@@ -26,6 +26,11 @@ class Experts(nnx.Module):
         self.drop = nnx.Dropout(dropout)
 
     def __call__(self, buffers: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
-        h = jnp.einsum("gecd,edh->gech", buffers, self.fc1_kernel[...]) + self.fc1_bias[...][None, :, None]
+        groups, experts, capacity, width = buffers.shape
+        # Expert-major: every expert multiplies all its groups' slots in one matmul. (A batched einsum over
+        # "gecd" puts the batch axis second, which XLA:CPU transposes for the forward and the backward pass.)
+        x = jnp.swapaxes(buffers, 0, 1).reshape(experts, groups * capacity, width)
+        h = jnp.einsum("end,edh->enh", x, self.fc1_kernel[...]) + self.fc1_bias[...][:, None]
         h = self.drop(jax.nn.gelu(h, approximate=False), deterministic=deterministic, rngs=rngs)
-        return jnp.einsum("gech,ehd->gecd", h, self.fc2_kernel[...]) + self.fc2_bias[...][None, :, None]
+        y = jnp.einsum("enh,ehd->end", h, self.fc2_kernel[...]) + self.fc2_bias[...][:, None]
+        return jnp.swapaxes(y.reshape(experts, groups, capacity, width), 0, 1)

@@ -10,18 +10,21 @@ from flax import nnx
 from jax.experimental import checkify
 
 from moe_course.layers.experts import Experts
-from moe_course.routing import (
-    allocate,
-    apply_experts,
-    auxiliary_losses,
-    expert_capacity,
-    importance_loss,
-    experts_choice_allocation,
-    nonfinite_tokens,
-    experts_choice_as_allocation,
-    router_probabilities,
-    top_k_routing,
-)
+from moe_course import routing
+from moe_course.routing import apply_experts, nonfinite_tokens
+
+
+def check_group_size(batch: int, group_size: int) -> None:
+    """Raise ValueError unless ``batch`` is a multiple of ``group_size`` (images per routing group)."""
+    if batch % group_size:
+        raise ValueError(f"batch={batch} is not a multiple of group_size={group_size}; use a batch size "
+                         f"divisible by {group_size} (images per routing group)")
+
+
+def nonfinite_message(layer_name: str) -> str:
+    """The error of ``check_finite`` for ``layer_name``, with ``{group}``, ``{token}``, ``{image}`` left to fill."""
+    return (f"{layer_name}: non-finite (NaN or inf) features or router logits in routing group {{group}} "
+            f"(token {{token}} of the group, image {{image}} of the batch); the layer input is already non-finite")
 
 
 class RoutingRecord(NamedTuple):
@@ -42,6 +45,12 @@ class RoutingRecord(NamedTuple):
     expert_fill: jax.Array
     capacity: int
 
+    @classmethod
+    def of(cls, allocation) -> "RoutingRecord":
+        """The record of an ``Allocation`` (JAX or its PyTorch twin)."""
+        return cls(allocation.expert_index, allocation.gates, allocation.served, allocation.priority_rank,
+                   allocation.expert_fill, allocation.capacity)
+
 
 class MoEOutput(NamedTuple):
     """output: (batch, tokens, width). aux_loss: scalar, weight * L_aux (0 for experts choice). routing: record.
@@ -51,6 +60,50 @@ class MoEOutput(NamedTuple):
     aux_loss: jax.Array
     routing: RoutingRecord
     aux_terms: dict = {}
+
+
+def route(routing, layer, logits, token_mask=None, **noise):
+    """The routing step of a sparse MoE layer, written once for both frameworks: router -> capacity ->
+    allocation (V-MoE Sec. 2.3-2.4, App. C).
+
+    routing: the module of routing functions, ``moe_course.routing`` or its twin ``moe_course.torch.routing``
+    (same names and arguments). layer: a ``SparseMoE`` of either framework (its routing settings are read).
+    logits: (groups, tokens, experts) float32 router logits. token_mask: (groups, tokens) bool or None; False
+    tokens (padding) take no buffer slot. noise: that framework's noise argument (JAX ``key=``, PyTorch
+    ``noise=``); empty or None for no noise. Returns (allocation, the noisy logits the top-k saw, or None for
+    experts choice, which has no balancing loss). Raises ValueError for a token mask with experts choice.
+    """
+    num_tokens = logits.shape[1]
+    capacity = routing.expert_capacity(layer.k, num_tokens, layer.capacity_ratio, layer.num_experts,
+                                       rounding=layer.capacity_rounding)
+    if layer.allocation == "experts_choice":
+        if token_mask is not None:
+            raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
+                             "allocation ('vanilla', 'bpr', 'skip_patch')")
+        probs = routing.router_probabilities(logits, noise_std=layer.noise_std, **noise)
+        choice = routing.experts_choice_allocation(probs, capacity)
+        return routing.experts_choice_as_allocation(choice, num_tokens), None
+    keep = getattr(layer, "expert_keep", None)  # pruned experts (LIMoE App. E.4), set by models.pruned_experts
+    if keep is None:
+        router = routing.top_k_routing(logits, layer.k, noise_std=layer.noise_std, order=layer.router_order, **noise)
+    else:
+        router = routing.pruned_top_k_routing(logits, layer.k, keep, mode=layer.pruning_mode,
+                                              noise_std=layer.noise_std, **noise)
+    keep = layer.skip_keep_fraction if layer.allocation == "skip_patch" else None
+    masked = {} if token_mask is None else {"token_mask": token_mask}
+    routed = routing.allocate(router.expert_index, router.gates, capacity, layer.num_experts,
+                              method=layer.allocation, score=layer.priority, keep_fraction=keep, **masked)
+    return routed, router.noisy_logits
+
+
+def vmoe_aux_loss(routing, layer, logits, noisy_logits, token_mask=None):
+    """weight * L_aux of V-MoE (App. A.2) over the kept tokens, for either framework (see ``route``).
+    Without router noise (noise_std=0) the load loss is undefined, so it is the importance loss alone."""
+    masked = {} if token_mask is None else {"mask": token_mask}
+    if layer.noise_std == 0:
+        return layer.aux_loss_weight * routing.importance_loss(logits, **masked)
+    losses = routing.auxiliary_losses(logits, noisy_logits, layer.k, noise_std=layer.noise_std, **masked)
+    return layer.aux_loss_weight * losses.total
 
 
 class SparseMoE(nnx.Module):
@@ -99,15 +152,10 @@ class SparseMoE(nnx.Module):
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  token_mask: jax.Array | None = None, modality: jax.Array | None = None) -> MoEOutput:
         batch, tokens, width = x.shape
-        if batch % self.group_size:
-            raise ValueError(f"batch={batch} is not a multiple of group_size={self.group_size}; use a batch size "
-                             f"divisible by {self.group_size} (images per routing group)")
+        check_group_size(batch, self.group_size)
         for name, value in (("token_mask", token_mask), ("modality", modality)):
             if value is not None and tuple(value.shape) != (batch, tokens):
                 raise ValueError(f"{name} has shape {tuple(value.shape)}; it must be (batch, tokens) = {(batch, tokens)}")
-        if token_mask is not None and self.allocation == "experts_choice":
-            raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
-                             "allocation ('vanilla', 'bpr', 'skip_patch')")
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)
         as_groups = lambda a: None if a is None else a.reshape(groups.shape[:2])
         logits = self.router(groups).astype(jnp.float32)  # (G, N, E)
@@ -115,41 +163,26 @@ class SparseMoE(nnx.Module):
         if self.check_finite:
             self._check(bad, tokens)
         key = rngs() if (not deterministic and rngs is not None) else None
-        capacity = expert_capacity(self.k, groups.shape[1], self.capacity_ratio, self.num_experts,
-                                   rounding=self.capacity_rounding)
-        terms = {}
-        if self.allocation == "experts_choice":
-            probs = router_probabilities(logits, key, noise_std=self.noise_std)
-            routed = experts_choice_as_allocation(experts_choice_allocation(probs, capacity), groups.shape[1])
-            aux = jnp.zeros((), jnp.float32)
+        mask = as_groups(token_mask)
+        routed, noisy_logits = route(routing, self, logits, token_mask=mask, key=key)
+        if noisy_logits is None:
+            aux, terms = jnp.zeros((), jnp.float32), {}
         else:
-            router = top_k_routing(logits, self.k, key, noise_std=self.noise_std, order=self.router_order)
-            keep = self.skip_keep_fraction if self.allocation == "skip_patch" else None
-            routed = allocate(router.expert_index, router.gates, capacity, self.num_experts,
-                              method=self.allocation, score=self.priority, keep_fraction=keep,
-                              token_mask=as_groups(token_mask))
-            aux, terms = self.aux_loss(logits, router.noisy_logits, as_groups(token_mask), as_groups(modality))
+            aux, terms = self.aux_loss(logits, noisy_logits, mask, as_groups(modality))
         expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
         y = jnp.where(bad[..., None], jnp.nan, apply_experts(groups, routed, expert_fn, implementation=self.dispatch))
-        record = RoutingRecord(routed.expert_index, routed.gates, routed.served, routed.priority_rank,
-                               routed.expert_fill, capacity)
-        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, record, terms)
+        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, RoutingRecord.of(routed), terms)
 
     def aux_loss(self, logits: jax.Array, noisy_logits: jax.Array, token_mask: jax.Array | None,
                  modality: jax.Array | None) -> tuple[jax.Array, dict]:
         """(weight * L_aux, {}) of V-MoE (App. A.2) over the kept tokens; arrays in routing groups (G, N[, E]).
-        Without router noise the load loss is undefined, so it is importance only. Subclasses (LIMoE) override."""
-        if self.noise_std == 0:
-            return self.aux_loss_weight * importance_loss(logits, token_mask), {}
-        losses = auxiliary_losses(logits, noisy_logits, self.k, noise_std=self.noise_std, mask=token_mask)
-        return self.aux_loss_weight * losses.total, {}
+        Subclasses (LIMoE) override it and name their parts in the dict."""
+        return vmoe_aux_loss(routing, self, logits, noisy_logits, token_mask), {}
 
     def _check(self, bad: jax.Array, tokens: int) -> None:
         group = jnp.argmax(jnp.any(bad, axis=1))
         token = jnp.argmax(bad[group])
         checkify.check(
-            ~jnp.any(bad),
-            f"{self.layer_name}: non-finite (NaN or inf) features or router logits in routing group {{group}} "
-            f"(token {{token}} of the group, image {{image}} of the batch); the layer input is already non-finite",
+            ~jnp.any(bad), nonfinite_message(self.layer_name),
             group=group, token=token, image=(group * self.group_size * tokens + token) // tokens,
         )

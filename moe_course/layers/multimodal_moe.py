@@ -28,6 +28,7 @@ class MultimodalMoE(SparseMoE):
         # Tuples of pairs, not dicts: static attributes must be hashable (nnx graph definitions are cache keys).
         self.losses = tuple((m, tuple(names)) for m, names in losses.items())
         self.taus, self.joint = tuple(taus.items()), tuple(joint)
+        self.expert_keep, self.pruning_mode = None, "router_pred"  # set by ``models.pruned_experts``
 
     def aux_loss(self, logits: jax.Array, noisy_logits: jax.Array, token_mask: jax.Array | None,
                  modality: jax.Array | None) -> tuple[jax.Array, dict]:

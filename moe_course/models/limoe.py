@@ -17,7 +17,11 @@ Either modality may be left out: ``model(images=...)`` embeds images only (zero-
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator, Sequence
+
+import numpy as np
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +33,8 @@ from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
 from moe_course.layers.multimodal_moe import MultimodalMoE
 from moe_course.models.vit import PatchEmbed, count_params
 from moe_course.models.vmoe import sparse_moe_settings
-from moe_course.routing import MODALITIES, PADDING
+from moe_course.routing import MODALITIES, PADDING, PRUNING_MODES
+from moe_course.routing.checks import check_choice
 
 IMAGE, TEXT = MODALITIES.index("image"), MODALITIES.index("text")
 
@@ -106,8 +111,7 @@ class LIMoE(nnx.Module):
         if block not in c.moe_blocks():
             return None
         return MultimodalMoE(c.width, c.mlp_dim, c.num_experts, losses=c.aux_losses, taus=c.taus,
-                             joint=c.joint_aux_losses, **sparse_moe_settings(c), layer_name=f"block {block} MoE",
-                             rngs=rngs)
+                             joint=c.joint_aux_losses, **sparse_moe_settings(c, block), rngs=rngs)
 
     def moe_layers(self) -> list[MultimodalMoE]:
         return [block.mlp for block in self.blocks if isinstance(block.mlp, MultimodalMoE)]
@@ -165,6 +169,36 @@ class LIMoE(nnx.Module):
         terms = {k: sum(t[k] for t in aux_terms) / len(aux_terms) for k in (aux_terms[0] if aux_terms else {})}
         return ContrastiveOutput(image_embedding, text_embedding, self.log_temperature[...], aux, terms,
                                  tuple(routing), modality)
+
+
+@contextlib.contextmanager
+def pruned_experts(model: LIMoE, keep: Sequence, mode: str = "router_pred") -> Iterator[LIMoE]:
+    """``with pruned_experts(model, keep): ...`` -- inference with only some experts of each MoE layer (LIMoE
+    App. E.4: prune the experts a modality hardly uses before a single-modality forward pass).
+
+    keep: one (experts,) bool array per MoE layer (in block order), True for the experts that stay; at least
+    k per layer. mode: "router_drop" (the softmax runs over the kept experts) or "router_pred" (the router's
+    probabilities over all experts, TOP_k among the kept ones); see ``routing.pruned_top_k_routing``. The
+    weights are untouched, the next call re-traces, and the full model is back when the block ends (also
+    after an error). Raises ValueError for an unknown mode, a keep list of the wrong length, a mask of the
+    wrong shape or one with fewer than k experts, before anything is changed.
+    """
+    check_choice("mode", mode, PRUNING_MODES)
+    layers = model.moe_layers()
+    if len(keep) != len(layers):
+        raise ValueError(f"keep has {len(keep)} masks; the model has {len(layers)} MoE layers: give one per layer")
+    masks = [np.asarray(mask, bool) for mask in keep]
+    for i, (layer, mask) in enumerate(zip(layers, masks)):
+        if mask.shape != (layer.num_experts,) or mask.sum() < layer.k:
+            raise ValueError(f"keep[{i}] has shape {mask.shape} with {int(mask.sum())} kept experts; it must be "
+                             f"({layer.num_experts},) with at least k={layer.k} True")
+    for layer, mask in zip(layers, masks):
+        layer.expert_keep, layer.pruning_mode = tuple(bool(v) for v in mask), mode
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.expert_keep = None
 
 
 def limoe_param_count(config: LIMoEConfig) -> int:

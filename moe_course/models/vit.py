@@ -107,6 +107,28 @@ class ViT(nnx.Module):
                            routing=tuple(routing))
 
 
+def truncated_vit(vit: ViT, depth: int) -> ViT:
+    """The dense ViT made of the first ``depth`` blocks of ``vit``: an isoFLOP baseline "obtained by reducing the
+    number of layers" (A-MoD, Gadhikar et al. 2024, Sec. 4.1), so that it still starts from pretrained weights.
+
+    vit: a dense ``ViT``. depth: blocks kept, 1 <= depth <= vit.config.depth (``analysis.isoflop_depth`` picks
+    it for a FLOP budget). The patch and position embeddings, class token, blocks 0..depth-1, final LayerNorm
+    and head are copied bit-identical; the config is ``vit.config`` with ``depth`` and the name
+    ``"<name>-depth<depth>"``. Raises ValueError for a model that is not a dense ViT or a depth out of range.
+    """
+    if type(vit) is not ViT:
+        raise ValueError(f"model is a {type(vit).__name__}; only a dense ViT (moe_course.models.ViT) is truncated")
+    full = vit.config.depth
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= full:
+        raise ValueError(f"depth={depth!r} is not allowed; use an integer from 1 to the model's depth {full}")
+    config = vit.config.replace(depth=depth, name=f"{vit.config.name}-depth{depth}")
+    model = nnx.eval_shape(lambda: ViT(config, rngs=nnx.Rngs(0)))
+    state = nnx.state(vit)
+    state["blocks"] = {i: state["blocks"][i] for i in range(depth)}
+    nnx.update(model, state)
+    return model
+
+
 def count_params(build) -> int:
     """Parameters of the module ``build()`` would make, counted from shapes only (no memory allocated)."""
     abstract = nnx.eval_shape(build)

@@ -15,6 +15,16 @@ from moe_course.models.vit import ViT, count_params
 ROUTING_SETTINGS = ("k", "capacity_ratio", "allocation", "priority", "skip_keep_fraction", "dispatch")
 
 
+def sparse_moe_settings(config: VMoEConfig, block: int) -> dict:
+    """The keyword arguments of the SparseMoE layer of block ``block`` (JAX or its PyTorch twin) from a config."""
+    c = config
+    return dict(k=c.k, capacity_ratio=c.capacity_ratio, group_size=c.group_size, allocation=c.allocation,
+                priority=c.priority, skip_keep_fraction=c.skip_keep_fraction, router_order=c.router_order,
+                noise_std=c.noise_std, expert_dropout=c.expert_dropout, aux_loss_weight=c.aux_loss_weight,
+                capacity_rounding=c.capacity_rounding, dispatch=c.dispatch, check_finite=c.check_finite,
+                layer_name=f"block {block} MoE")
+
+
 class VMoE(ViT):
     """Call: images (batch, S, S, C) -> ModelOutput with logits, aux_loss (mean, or with
     ``config.aux_loss_reduction="sum"`` the sum as google-research/vmoe does, over the MoE layers of
@@ -33,19 +43,10 @@ class VMoE(ViT):
         c = self.config
         if block not in c.moe_blocks():
             return None
-        return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c), layer_name=f"block {block} MoE",
-                         rngs=rngs)
+        return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c, block), rngs=rngs)
 
     def moe_layers(self) -> list[SparseMoE]:
         return [block.mlp for block in self.blocks if isinstance(block.mlp, SparseMoE)]
-
-
-def sparse_moe_settings(c: VMoEConfig) -> dict:
-    """The keyword arguments of ``SparseMoE`` that a VMoEConfig (or a subclass) sets, besides the sizes."""
-    return dict(k=c.k, capacity_ratio=c.capacity_ratio, group_size=c.group_size, allocation=c.allocation,
-                priority=c.priority, skip_keep_fraction=c.skip_keep_fraction, router_order=c.router_order,
-                noise_std=c.noise_std, expert_dropout=c.expert_dropout, aux_loss_weight=c.aux_loss_weight,
-                capacity_rounding=c.capacity_rounding, dispatch=c.dispatch, check_finite=c.check_finite)
 
 
 def with_routing(model: VMoE, **settings) -> VMoE:

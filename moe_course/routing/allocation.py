@@ -113,14 +113,15 @@ def kept_tokens(tokens: int, keep_fraction: float) -> int:
     return max(1, round_count(keep_fraction * tokens, "round"))
 
 
-def _check_choices(expert_index, gates, num_experts, capacity) -> None:
+def check_choice_arrays(expert_index, gates, num_experts, capacity) -> None:
+    """Raise ValueError naming the argument unless expert_index (int) and gates (float) are (groups, tokens, k)
+    arrays (JAX or torch) with 1 <= k <= num_experts, and capacity >= 1."""
     check_ndim("expert_index", expert_index, 3, "(groups, tokens, k)")
     check_integer_array("expert_index", expert_index)
     check_floating("gates", gates)
-    if jnp.shape(gates) != jnp.shape(expert_index):
-        raise ValueError(
-            f"gates has shape {jnp.shape(gates)}; it must match expert_index's shape {jnp.shape(expert_index)}"
-        )
+    if tuple(jnp.shape(gates)) != tuple(jnp.shape(expert_index)):
+        raise ValueError(f"gates has shape {tuple(jnp.shape(gates))}; it must match expert_index's shape "
+                         f"{tuple(jnp.shape(expert_index))}")
     num_experts = check_int("num_experts", num_experts)
     check_int("k (expert_index.shape[-1])", jnp.shape(expert_index)[-1], minimum=1, maximum=num_experts)
     check_int("capacity", capacity)
@@ -167,7 +168,7 @@ def vanilla_allocation(expert_index: jax.Array, gates: jax.Array, capacity: int,
     ``Allocation``; priority_rank is the token position. Raises ValueError naming the argument on bad
     shapes, dtypes or values.
     """
-    _check_choices(expert_index, gates, num_experts, capacity)
+    check_choice_arrays(expert_index, gates, num_experts, capacity)
     groups, tokens, _ = jnp.shape(expert_index)
     order = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (groups, tokens))
     slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts,
@@ -207,7 +208,7 @@ def batch_prioritized_allocation(
     score: "max" (default) or "sum". priority_rank is each token's place in the sorted order (masked-out
     tokens last).
     """
-    _check_choices(expert_index, gates, num_experts, capacity)
+    check_choice_arrays(expert_index, gates, num_experts, capacity)
     excluded = _excluded(gates, token_mask)
     order = _priority_order(jnp.asarray(gates), score, excluded)
     slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts, excluded=excluded)
@@ -230,7 +231,7 @@ def skip_patch_allocation(
     others have all their choices dropped (slot -1). Arguments as ``batch_prioritized_allocation``, plus
     keep_fraction: 0 < S <= 1 (ValueError otherwise).
     """
-    _check_choices(expert_index, gates, num_experts, capacity)
+    check_choice_arrays(expert_index, gates, num_experts, capacity)
     num_kept = kept_tokens(jnp.shape(expert_index)[1], keep_fraction)
     excluded = _excluded(gates, token_mask)
     order = _priority_order(jnp.asarray(gates), score, excluded)

@@ -1,7 +1,9 @@
 """Argument checks shared by the routing functions: every error names the argument, its value and what is allowed.
 
 These run on Python values and array shapes only, so they also work under ``jax.jit`` (where the values of
-traced arrays are unknown) and fail before anything is compiled.
+traced arrays are unknown) and fail before anything is compiled. The array checks also accept torch tensors
+(recognised by their dtype, without importing torch), so the PyTorch twins in ``moe_course.torch.routing``
+raise the same errors with the same messages.
 """
 
 from __future__ import annotations
@@ -40,16 +42,34 @@ def check_choice(name: str, value, allowed: tuple[str, ...]) -> str:
 def check_ndim(name: str, array, ndim: int, layout: str) -> None:
     """Raise ValueError unless ``array`` has ``ndim`` axes; ``layout`` names them, e.g. "(groups, tokens, experts)"."""
     if jnp.ndim(array) != ndim:
-        raise ValueError(f"{name} has shape {jnp.shape(array)}; it must have {ndim} axes {layout}")
+        raise ValueError(f"{name} has shape {tuple(jnp.shape(array))}; it must have {ndim} axes {layout}")
+
+
+def _torch_dtype(array):
+    """The dtype of a torch tensor (a ``torch.dtype`` has ``is_floating_point``), else None."""
+    dtype = getattr(array, "dtype", None)
+    return dtype if hasattr(dtype, "is_floating_point") else None
+
+
+def _dtype_name(array) -> str:
+    dtype = _torch_dtype(array)
+    return str(dtype).removeprefix("torch.") if dtype is not None else str(jnp.result_type(array))
 
 
 def check_floating(name: str, array) -> None:
-    """Raise ValueError unless ``array`` has a floating dtype."""
-    if not jnp.issubdtype(jnp.result_type(array), jnp.floating):
-        raise ValueError(f"{name} has dtype {jnp.result_type(array)}; use a floating dtype (e.g. float32)")
+    """Raise ValueError unless ``array`` (a JAX/NumPy array or a torch tensor) has a floating dtype."""
+    dtype = _torch_dtype(array)
+    floating = dtype.is_floating_point if dtype is not None else jnp.issubdtype(jnp.result_type(array), jnp.floating)
+    if not floating:
+        raise ValueError(f"{name} has dtype {_dtype_name(array)}; use a floating dtype (e.g. float32)")
 
 
 def check_integer_array(name: str, array) -> None:
-    """Raise ValueError unless ``array`` has an integer dtype."""
-    if not jnp.issubdtype(jnp.result_type(array), jnp.integer):
-        raise ValueError(f"{name} has dtype {jnp.result_type(array)}; use an integer dtype (e.g. int32)")
+    """Raise ValueError unless ``array`` (a JAX/NumPy array or a torch tensor) has an integer dtype."""
+    dtype = _torch_dtype(array)
+    if dtype is not None:
+        integer = not (dtype.is_floating_point or dtype.is_complex) and _dtype_name(array) != "bool"
+    else:
+        integer = jnp.issubdtype(jnp.result_type(array), jnp.integer)
+    if not integer:
+        raise ValueError(f"{name} has dtype {_dtype_name(array)}; use an integer dtype (e.g. int32)")

@@ -36,21 +36,21 @@ IMPLEMENTATIONS = ("gather", "einsum")
 ExpertFn = Callable[[jax.Array], jax.Array]
 
 
-def _check_tokens(x: jax.Array, allocation: Allocation) -> None:
+def check_tokens(x, allocation) -> None:
+    """Raise ValueError unless x is (groups, tokens, dim) with the allocation's groups and tokens (JAX or torch)."""
     check_ndim("x", x, 3, "(groups, tokens, dim)")
-    if jnp.shape(x)[:2] != allocation.slot.shape[:2]:
-        raise ValueError(
-            f"x has shape {jnp.shape(x)}; its (groups, tokens) must match the allocation's {allocation.slot.shape[:2]}"
-        )
+    if tuple(jnp.shape(x)[:2]) != tuple(allocation.slot.shape[:2]):
+        raise ValueError(f"x has shape {tuple(jnp.shape(x))}; its (groups, tokens) must match the allocation's "
+                         f"{tuple(allocation.slot.shape[:2])}")
 
 
-def _check_buffers(expert_outputs: jax.Array, allocation: Allocation) -> None:
+def check_buffers(expert_outputs, allocation) -> None:
+    """Raise ValueError unless expert_outputs is (groups, experts, capacity, dim) as the allocation's buffers."""
     check_ndim("expert_outputs", expert_outputs, 4, "(groups, experts, capacity, dim)")
     expected = (allocation.slot.shape[0], allocation.num_experts, allocation.capacity)
-    if jnp.shape(expert_outputs)[:3] != expected:
-        raise ValueError(
-            f"expert_outputs has shape {jnp.shape(expert_outputs)}; its (groups, experts, capacity) must be {expected}"
-        )
+    if tuple(jnp.shape(expert_outputs)[:3]) != expected:
+        raise ValueError(f"expert_outputs has shape {tuple(jnp.shape(expert_outputs))}; its (groups, experts, "
+                         f"capacity) must be {expected}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -93,14 +93,14 @@ def _nan_if_nonfinite(values: jax.Array) -> jax.Array:
 
 def einsum_dispatch(x: jax.Array, allocation: Allocation) -> jax.Array:
     """x (groups, tokens, dim) -> expert inputs (groups, experts, capacity, dim) via the dispatch tensor."""
-    _check_tokens(x, allocation)
+    check_tokens(x, allocation)
     dispatch = dispatch_tensor(allocation, x.dtype)
     return _confined_einsum("gteb,gtd->gebd", dispatch, dispatch, x)
 
 
 def einsum_combine(expert_outputs: jax.Array, allocation: Allocation) -> jax.Array:
     """expert outputs (groups, experts, capacity, dim) -> (groups, tokens, dim) via the combine tensor."""
-    _check_buffers(expert_outputs, allocation)
+    check_buffers(expert_outputs, allocation)
     dtype = expert_outputs.dtype
     return _confined_einsum("gteb,gebd->gtd", combine_tensor(allocation, dtype), dispatch_tensor(allocation, dtype),
                             expert_outputs)
@@ -132,7 +132,7 @@ def buffer_token_index(allocation: Allocation) -> jax.Array:
 
 def gather_dispatch(x: jax.Array, allocation: Allocation) -> jax.Array:
     """x (groups, tokens, dim) -> expert inputs (groups, experts, capacity, dim) by gathering tokens into slots."""
-    _check_tokens(x, allocation)
+    check_tokens(x, allocation)
     groups, _, dim = x.shape
     padded = jnp.concatenate([x, jnp.zeros((groups, 1, dim), x.dtype)], axis=1)  # token ``tokens`` is zero
     index = buffer_token_index(allocation).reshape(groups, -1)
@@ -142,7 +142,7 @@ def gather_dispatch(x: jax.Array, allocation: Allocation) -> jax.Array:
 
 def gather_combine(expert_outputs: jax.Array, allocation: Allocation) -> jax.Array:
     """expert outputs (groups, experts, capacity, dim) -> (groups, tokens, dim): gate-weighted sum of slot outputs."""
-    _check_buffers(expert_outputs, allocation)
+    check_buffers(expert_outputs, allocation)
     groups, num_experts, capacity, dim = expert_outputs.shape
     _, tokens, k = allocation.slot.shape
     flat = expert_outputs.reshape(groups, num_experts * capacity, dim)

@@ -48,7 +48,8 @@ def squared_coefficient_of_variation(values: jax.Array, axis: int = -1) -> jax.A
     return jnp.var(values, axis=axis) / jnp.mean(values, axis=axis) ** 2
 
 
-def _check_logits(name: str, logits) -> None:
+def check_router_logits(name: str, logits) -> None:
+    """Raise ValueError naming ``name`` unless logits is a floating (groups, tokens, experts) array (JAX or torch)."""
     check_ndim(name, logits, 3, "(groups, tokens, experts)")
     check_floating(name, logits)
 
@@ -80,7 +81,7 @@ def _balance_loss(per_expert: jax.Array, weights: jax.Array) -> jax.Array:
 def importance_per_expert(logits: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """Imp_e per group (App. A.2, Eq. 1): clean logits (groups, tokens, experts) -> (groups, experts) float32.
     mask: (groups, tokens) bool or None; only kept tokens are summed (see the module docstring)."""
-    _check_logits("logits", logits)
+    check_router_logits("logits", logits)
     probs = jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
     return jnp.sum(probs * token_weights(logits, mask), axis=1)
 
@@ -89,6 +90,21 @@ def importance_loss(logits: jax.Array, mask: jax.Array | None = None) -> jax.Arr
     """L_imp (App. A.2, Eq. 2), averaged over groups: clean logits (groups, tokens, experts) -> scalar float32.
     mask: as ``importance_per_expert``."""
     return _balance_loss(importance_per_expert(logits, mask), token_weights(logits, mask))
+
+
+def check_same_shape(noisy_logits, logits) -> None:
+    """Raise ValueError unless noisy_logits has the shape of logits."""
+    if tuple(jnp.shape(noisy_logits)) != tuple(jnp.shape(logits)):
+        raise ValueError(f"noisy_logits has shape {tuple(jnp.shape(noisy_logits))}; it must match logits "
+                         f"{tuple(jnp.shape(logits))}")
+
+
+def load_noise_std(noise_std: float | None, num_experts: int) -> float:
+    """sigma of the load loss: ``noise_std``, or 1/E for None; ValueError for 0 (p_e(x) needs sigma > 0)."""
+    if noise_std is not None and noise_std == 0:
+        raise ValueError("noise_std=0 is not allowed for the load loss (p_e(x) needs sigma > 0); use None (1/E) or "
+                         "a positive number, or leave the load loss out for a noise-free router")
+    return default_noise_std(num_experts) if noise_std is None else check_positive("noise_std", noise_std)
 
 
 def selection_probability(
@@ -103,16 +119,12 @@ def selection_probability(
     Returns (groups, tokens, experts) float32 in [0, 1].
     See the module docstring for the expert that owns the threshold. Raises ValueError naming the argument.
     """
-    _check_logits("logits", logits)
-    _check_logits("noisy_logits", noisy_logits)
-    if jnp.shape(noisy_logits) != jnp.shape(logits):
-        raise ValueError(f"noisy_logits has shape {jnp.shape(noisy_logits)}; it must match logits {jnp.shape(logits)}")
+    check_router_logits("logits", logits)
+    check_router_logits("noisy_logits", noisy_logits)
+    check_same_shape(noisy_logits, logits)
     num_experts = jnp.shape(logits)[-1]
     k = check_int("k", k, minimum=1, maximum=num_experts)
-    if noise_std is not None and noise_std == 0:
-        raise ValueError("noise_std=0 is not allowed for the load loss (p_e(x) needs sigma > 0); use None (1/E) or "
-                         "a positive number, or leave the load loss out for a noise-free router")
-    sigma = default_noise_std(num_experts) if noise_std is None else check_positive("noise_std", noise_std)
+    sigma = load_noise_std(noise_std, num_experts)
     logits = jnp.asarray(logits, jnp.float32)
     threshold = jax.lax.top_k(jnp.asarray(noisy_logits, jnp.float32), k)[0][..., -1:]  # (G, T, 1)
     return 1.0 - jax.scipy.stats.norm.cdf((threshold - logits) / sigma)
@@ -140,7 +152,7 @@ def router_z_loss(logits: jax.Array, mask: jax.Array | None = None) -> jax.Array
     """Router z-loss (ST-MoE, Zoph et al. 2022; LIMoE App. B.1): ``mean_i (logsumexp_e a_ie)^2`` over the
     (kept) tokens of a group, averaged over groups. logits: (groups, tokens, experts) the clean router logits
     ``a = W x``; mask as ``importance_per_expert``. Returns a scalar float32; it keeps the logits small."""
-    _check_logits("logits", logits)
+    check_router_logits("logits", logits)
     weights = token_weights(logits, mask)[..., 0]
     z = jax.nn.logsumexp(jnp.asarray(logits, jnp.float32), axis=-1) ** 2
     count = jnp.sum(weights, axis=1)

@@ -39,16 +39,22 @@ def mod_capacity(num_tokens: int, capacity: float) -> int:
     return max(1, round(capacity * num_tokens))
 
 
+def check_router_inputs(x, router_kernel) -> None:
+    """Raise ValueError unless x is floating (batch, tokens, width) and router_kernel has width inputs."""
+    check_ndim("x", x, 3, "(batch, tokens, width)")
+    check_floating("x", x)
+    inputs = router_kernel.reshape(-1).shape[0]
+    if inputs != x.shape[-1]:
+        raise ValueError(f"router_kernel has {inputs} inputs; x has width {x.shape[-1]}")
+
+
 def standard_router_scores(x: jax.Array, router_kernel: jax.Array) -> jax.Array:
     """A-MoD Eq. 1: ``r_i = x_i W_r``. x: (batch, tokens, width) float; router_kernel: (width,) or (width, 1).
 
     Returns (batch, tokens) float32 scores (unbounded; see ``mod_gate`` for the bounded multiplier).
     """
-    check_ndim("x", x, 3, "(batch, tokens, width)")
-    check_floating("x", x)
+    check_router_inputs(x, router_kernel)
     w = router_kernel.reshape(-1)
-    if w.shape[0] != x.shape[-1]:
-        raise ValueError(f"router_kernel has {w.shape[0]} inputs; x has width {x.shape[-1]}")
     return jnp.einsum("btd,d->bt", x, w).astype(jnp.float32)
 
 

@@ -34,6 +34,13 @@ def default_noise_std(num_experts: int) -> float:
     return 1.0 / check_int("num_experts", num_experts)
 
 
+def router_noise_std(noise_std: float | None, num_experts: int) -> float:
+    """The router noise std to use: ``noise_std``, or 1 / E for None. ValueError for a negative or non-finite one."""
+    if noise_std is None:
+        return default_noise_std(num_experts)
+    return check_positive("noise_std", noise_std, allow_zero=True)
+
+
 def add_router_noise(logits: jax.Array, key: jax.Array | None = None, *, noise_std: float | None = None) -> jax.Array:
     """Noisy router logits ``W x + eps`` with ``eps ~ N(0, noise_std^2)`` drawn independently per entry.
 
@@ -45,7 +52,7 @@ def add_router_noise(logits: jax.Array, key: jax.Array | None = None, *, noise_s
     """
     check_floating("logits", logits)
     logits = jnp.asarray(logits, jnp.float32)
-    std = default_noise_std(logits.shape[-1]) if noise_std is None else check_positive("noise_std", noise_std, allow_zero=True)
+    std = router_noise_std(noise_std, logits.shape[-1])
     if key is None or std == 0.0:
         return logits
     return logits + std * jax.random.normal(key, logits.shape, jnp.float32)
@@ -87,6 +94,16 @@ def router_probabilities(logits: jax.Array, key: jax.Array | None = None, *, noi
     return _nan_where_nonfinite(jax.nn.softmax(noisy, axis=-1), noisy)
 
 
+def check_routing_args(logits, k, order: str) -> int:
+    """``top_k_routing``'s checks (JAX or torch logits): ValueError naming logits, k or order; returns k."""
+    check_floating("logits", logits)
+    if jnp.ndim(logits) < 1:
+        raise ValueError(f"logits has shape {tuple(jnp.shape(logits))}; it needs a last axis of experts")
+    k = check_int("k", k, minimum=1, maximum=jnp.shape(logits)[-1])
+    check_choice("order", order, ORDERS)
+    return k
+
+
 def top_k_routing(
     logits: jax.Array,
     k: int,
@@ -108,12 +125,7 @@ def top_k_routing(
     then meaningless; see the module docstring). Raises ValueError naming ``k``, ``order``, ``noise_std`` or
     ``logits`` when one of them is not allowed.
     """
-    check_floating("logits", logits)
-    if jnp.ndim(logits) < 1:
-        raise ValueError(f"logits has shape {jnp.shape(logits)}; it needs a last axis of experts")
-    num_experts = jnp.shape(logits)[-1]
-    k = check_int("k", k, minimum=1, maximum=num_experts)
-    check_choice("order", order, ORDERS)
+    k = check_routing_args(logits, k, order)
     noisy = add_router_noise(logits, key, noise_std=noise_std)
     probs = _nan_where_nonfinite(jax.nn.softmax(noisy, axis=-1), noisy)
     if order == "softmax_then_topk":

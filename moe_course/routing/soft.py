@@ -112,6 +112,15 @@ def soft_combine(slot_outputs: jax.Array, combine_weights: jax.Array) -> jax.Arr
     return jnp.einsum("gts,gsd->gtd", combine_weights.astype(slot_outputs.dtype), slot_outputs)
 
 
+def check_slot_count(num_experts: int, slots: int) -> int:
+    """Return num_experts if it is a positive integer dividing ``slots``, else raise ValueError naming it."""
+    num_experts = check_int("num_experts", num_experts)
+    if slots % num_experts:
+        raise ValueError(f"num_experts={num_experts} does not divide the {slots} slots; "
+                         f"use slots = num_experts * slots_per_expert")
+    return num_experts
+
+
 def apply_soft_experts(x: jax.Array, routing: SoftRouting, expert_fn: ExpertFn, num_experts: int) -> jax.Array:
     """The Soft MoE computation Y = C f(D^T X) (Eq. 1-3).
 
@@ -121,10 +130,7 @@ def apply_soft_experts(x: jax.Array, routing: SoftRouting, expert_fn: ExpertFn, 
     tokens, dim_out). Raises ValueError naming num_experts when it does not divide the number of slots.
     """
     slots = jnp.shape(routing.dispatch_weights)[-1]
-    num_experts = check_int("num_experts", num_experts)
-    if slots % num_experts:
-        raise ValueError(f"num_experts={num_experts} does not divide the {slots} slots; "
-                         f"use slots = num_experts * slots_per_expert")
+    num_experts = check_slot_count(num_experts, slots)
     x_slots = soft_slots(x, routing.dispatch_weights)  # (G, n*p, d)
     groups, _, width = x_slots.shape
     y_slots = expert_fn(x_slots.reshape(groups, num_experts, slots // num_experts, width))

@@ -65,6 +65,15 @@ from flax import nnx
 from moe_course.configs.vit import ViTConfig
 from moe_course.layers.block import LAYER_NORM_EPS
 from moe_course.models.vit import ViT
+from moe_course.torch.convert import (
+    KIND_PARAMS,
+    as_numpy,
+    format_keys,
+    param_at,
+    to_nnx_layout,
+    to_torch_layout,
+    torch_layout_shape,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -89,12 +98,6 @@ _BLOCK_MODULES = (
 # exported state dicts list their keys as transformers' own state_dict() does.
 _BLOCK_ORDER = {"modular": (1, 2, 3, 4, 0, 5, 6, 7), "legacy": (1, 2, 3, 4, 6, 7, 0, 5)}
 _BLOCK_PREFIX = {"modular": "layers.{i}.", "legacy": "encoder.layer.{i}."}
-# (our parameter name, transformers parameter name, transform) for each kind of module.
-_KIND_PARAMS = {
-    "linear": (("kernel", "weight", "linear"), ("bias", "bias", "plain")),
-    "norm": (("scale", "weight", "plain"), ("bias", "bias", "plain")),
-    "conv": (("kernel", "weight", "conv"), ("bias", "bias", "plain")),
-}
 
 
 # ------------------------------------------------------------------------------------------------ configs
@@ -219,56 +222,17 @@ def _entries(depth: int, layout: str) -> list[tuple[str, str, str]]:
         ("pos_embed", "embeddings.position_embeddings", "plain"),
     ]
     out += [(f"patch_embed.proj.{ours}", f"embeddings.patch_embeddings.projection.{theirs}", kind)
-            for ours, theirs, kind in _KIND_PARAMS["conv"]]
+            for ours, theirs, kind in KIND_PARAMS["conv"]]
     for i in range(depth):
         prefix = _BLOCK_PREFIX[layout].format(i=i)
         for module, names, kind in (_BLOCK_MODULES[j] for j in _BLOCK_ORDER[layout]):
             out += [(f"blocks.{i}.{module}.{ours}", f"{prefix}{names[layout]}.{theirs}", how)
-                    for ours, theirs, how in _KIND_PARAMS[kind]]
-    out += [(f"norm.{ours}", f"layernorm.{theirs}", how) for ours, theirs, how in _KIND_PARAMS["norm"]]
+                    for ours, theirs, how in KIND_PARAMS[kind]]
+    out += [(f"norm.{ours}", f"layernorm.{theirs}", how) for ours, theirs, how in KIND_PARAMS["norm"]]
     return out
 
 
-_HEAD_ENTRIES = [(f"head.{ours}", f"classifier.{theirs}", how) for ours, theirs, how in _KIND_PARAMS["linear"]]
-
-
-def _param(model: ViT, path: str) -> nnx.Param:
-    obj: Any = model
-    for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
-
-
-def _to_ours(array: np.ndarray, how: str) -> np.ndarray:
-    if how == "conv":  # OIHW -> HWIO
-        return array.transpose(2, 3, 1, 0)
-    if how == "linear":  # (out, in) -> (in, out)
-        return array.T
-    return array
-
-
-def _to_theirs(array: np.ndarray, how: str) -> np.ndarray:
-    if how == "conv":  # HWIO -> OIHW
-        return array.transpose(3, 2, 0, 1)
-    if how == "linear":
-        return array.T
-    return array
-
-
-def _theirs_shape(shape: tuple[int, ...], how: str) -> tuple[int, ...]:
-    return tuple(_to_theirs(np.empty(shape, dtype=np.int8), how).shape)
-
-
-def _as_numpy(key: str, value: Any) -> np.ndarray:
-    """A torch tensor (any device, any float dtype incl. bfloat16) or array-like -> float32 NumPy array."""
-    if hasattr(value, "detach"):  # torch.Tensor, without importing torch
-        if getattr(value, "is_meta", False):
-            raise ValueError(f"state_dict[{key!r}] is on torch's meta device and holds no data")
-        value = value.detach().cpu()
-        if value.is_floating_point():
-            value = value.float()
-        value = value.numpy()
-    return np.asarray(value, dtype=np.float32)
+_HEAD_ENTRIES = [(f"head.{ours}", f"classifier.{theirs}", how) for ours, theirs, how in KIND_PARAMS["linear"]]
 
 
 def _detect_layout(body_keys: list[str]) -> str:
@@ -280,11 +244,6 @@ def _detect_layout(body_keys: list[str]) -> str:
             "key layouts; pass keys in one layout"
         )
     return "legacy" if legacy else "modular"
-
-
-def _fmt_keys(keys: list[str], limit: int = 20) -> str:
-    shown = ", ".join(repr(k) for k in keys[:limit])
-    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
 @functools.lru_cache(maxsize=None)
@@ -349,9 +308,9 @@ def load_hf_state_dict(model: ViT, state_dict: Mapping[str, "torch.Tensor | np.n
     if missing or unexpected:
         problems = []
         if missing:
-            problems.append(f"missing keys: {_fmt_keys(missing)}")
+            problems.append(f"missing keys: {format_keys(missing)}")
         if unexpected:
-            problems.append(f"unexpected keys: {_fmt_keys(unexpected)}")
+            problems.append(f"unexpected keys: {format_keys(unexpected)}")
         hint = (" (a ViTModel state dict has no classifier: pass head=False to keep our head as initialised)"
                 if head and any(k.startswith("classifier.") for k in missing) else "")
         raise ValueError(
@@ -360,13 +319,13 @@ def load_hf_state_dict(model: ViT, state_dict: Mapping[str, "torch.Tensor | np.n
         )
     arrays, mismatched = [], []
     for ours, theirs, how in entries:
-        param = _param(model, ours)
-        want = _theirs_shape(tuple(param.shape), how)
-        array = _as_numpy(theirs, state_dict[theirs])
+        param = param_at(model, ours)
+        want = torch_layout_shape(tuple(param.shape), how)
+        array = as_numpy(theirs, state_dict[theirs])
         if tuple(array.shape) != want:
             mismatched.append(f"{theirs!r}: expected shape {want}, found {tuple(array.shape)}")
         else:
-            arrays.append((param, _to_ours(array, how)))
+            arrays.append((param, to_nnx_layout(array, how)))
     if mismatched:
         raise ValueError(
             f"shape mismatch between the state dict and ViT config {model.config.name!r}: " + "; ".join(mismatched)
@@ -397,8 +356,8 @@ def to_hf_state_dict(model: ViT, *, layout: str = "auto") -> dict[str, "torch.Te
     entries = [(ours, "vit." + theirs, how) for ours, theirs, how in _entries(model.config.depth, layout)]
     out = {}
     for ours, theirs, how in entries + _HEAD_ENTRIES:
-        array = np.array(_param(model, ours)[...])
-        out[theirs] = torch.from_numpy(np.ascontiguousarray(_to_theirs(array, how)))
+        array = np.array(param_at(model, ours)[...])
+        out[theirs] = torch.from_numpy(np.ascontiguousarray(to_torch_layout(array, how)))
     return out
 
 

@@ -14,13 +14,15 @@ from moe_course.viz.images import _show
 
 def show_dropped_patches(images: np.ndarray, kept: dict[str, np.ndarray], patch_size: int, *,
                          titles: Sequence[str] | None = None, boxes: np.ndarray | None = None,
-                         show_counts: bool = False, color: str = "tab:red", alpha: float = 0.6):
+                         show_counts: bool = False, color: str = "tab:red", alpha: float = 0.6,
+                         legend: str = "dropped patch (all its expert choices dropped)"):
     """A grid: one column per image (n, H, W, C), one row per setting; dropped patches tinted with ``color``.
 
     kept: {row title: (n, patches) bool, True where the patch was processed}, patches in row-major order.
     titles: one per image (e.g. its class), written over the first row. boxes: (n, 4) object boxes (top, left,
     h, w) in pixels, drawn in green. show_counts: write "kept/total" under every panel. The tint is translucent
-    so the content of a dropped patch stays visible. Returns the matplotlib Figure.
+    so the content of a dropped patch stays visible. legend: what the tint means (Mixture-of-Depths: a patch that
+    skips the block). Returns the matplotlib Figure.
     """
     n, h, w, _ = images.shape
     rgba = np.array(to_rgba(color, alpha))
@@ -43,7 +45,7 @@ def show_dropped_patches(images: np.ndarray, kept: dict[str, np.ndarray], patch_
                 ax.set_ylabel(row_title, fontsize=10)
             if row == 0 and titles is not None:
                 ax.set_title(titles[i], fontsize=10)
-    fig.legend(handles=[Patch(color=color, alpha=alpha, label="dropped patch (all its expert choices dropped)")],
+    fig.legend(handles=[Patch(color=color, alpha=alpha, label=legend)],
                loc="lower center", ncol=1, fontsize=9, frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig

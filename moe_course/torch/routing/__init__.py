@@ -1,0 +1,108 @@
+"""PyTorch twins of ``moe_course.routing``: the same function names, arguments, results and errors.
+
+Pure functions on torch tensors, one module per JAX module (router, capacity, allocation, dispatch, losses,
+soft, mod). The capacity arithmetic works on Python numbers only, so it is the JAX package's own
+(``expert_capacity``, ``round_count``, ``kept_tokens``, ``mod_capacity`` are re-exported, not copied), and the
+argument checks are shared too (``moe_course.routing.checks`` accepts torch tensors), so a bad argument gets
+the same message in both frameworks. The one difference: where JAX takes a PRNG ``key``, these take a
+``torch.Generator`` -- or ``noise``, the standard-normal draw itself, so both frameworks can be fed the same
+noise. ``tests/test_torch_routing.py`` proves every function equal to its JAX original.
+"""
+
+from moe_course.routing.capacity import (
+    RATIO_WARNING_TOLERANCE,
+    ROUNDINGS,
+    CapacityRoundingWarning,
+    effective_capacity_ratio,
+    expert_capacity,
+    round_count,
+)
+from moe_course.torch.routing.allocation import (
+    METHODS,
+    SCORES,
+    Allocation,
+    ExpertsChoice,
+    allocate,
+    allocate_in_order,
+    batch_prioritized_allocation,
+    experts_choice_allocation,
+    experts_choice_as_allocation,
+    kept_tokens,
+    priority_scores,
+    skip_patch_allocation,
+    vanilla_allocation,
+)
+from moe_course.torch.routing.dispatch import (
+    IMPLEMENTATIONS,
+    apply_experts,
+    buffer_token_index,
+    combine,
+    combine_tensor,
+    dispatch,
+    dispatch_tensor,
+    einsum_combine,
+    einsum_dispatch,
+    gather_combine,
+    gather_dispatch,
+)
+from moe_course.torch.routing.losses import (
+    AUX_LOSS_WEIGHT,
+    AuxLosses,
+    auxiliary_losses,
+    importance_loss,
+    importance_per_expert,
+    load_loss,
+    load_per_expert,
+    selection_probability,
+    squared_coefficient_of_variation,
+)
+from moe_course.torch.routing.mod import (
+    MOD_ROUTERS,
+    MoDSelection,
+    attention_router_scores,
+    gather_tokens,
+    mod_capacity,
+    mod_gate,
+    mod_select,
+    scatter_attention,
+    scatter_update,
+    standard_router_scores,
+)
+from moe_course.torch.routing.router import (
+    ORDERS,
+    RouterOutput,
+    add_router_noise,
+    default_noise_std,
+    nonfinite_tokens,
+    router_probabilities,
+    top_k,
+    top_k_routing,
+)
+from moe_course.torch.routing.soft import (
+    NORM_EPS,
+    SoftRouting,
+    apply_soft_experts,
+    l2_normalize,
+    soft_combine,
+    soft_combine_weights,
+    soft_dispatch_weights,
+    soft_logits,
+    soft_routing,
+    soft_slots,
+)
+
+__all__ = [
+    "AUX_LOSS_WEIGHT", "Allocation", "AuxLosses", "CapacityRoundingWarning", "ExpertsChoice", "IMPLEMENTATIONS",
+    "METHODS", "MOD_ROUTERS", "MoDSelection", "NORM_EPS", "ORDERS", "RATIO_WARNING_TOLERANCE", "ROUNDINGS",
+    "RouterOutput", "SCORES", "SoftRouting", "add_router_noise", "allocate", "allocate_in_order", "apply_experts",
+    "apply_soft_experts", "attention_router_scores", "auxiliary_losses", "batch_prioritized_allocation",
+    "buffer_token_index", "combine", "combine_tensor", "default_noise_std", "dispatch", "dispatch_tensor",
+    "effective_capacity_ratio", "einsum_combine", "einsum_dispatch", "expert_capacity",
+    "experts_choice_allocation", "experts_choice_as_allocation", "gather_combine", "gather_dispatch",
+    "gather_tokens", "importance_loss", "importance_per_expert", "kept_tokens", "l2_normalize", "load_loss",
+    "load_per_expert", "mod_capacity", "mod_gate", "mod_select", "nonfinite_tokens", "priority_scores",
+    "round_count", "router_probabilities", "scatter_attention", "scatter_update", "selection_probability",
+    "skip_patch_allocation", "soft_combine", "soft_combine_weights", "soft_dispatch_weights", "soft_logits",
+    "soft_routing", "soft_slots", "squared_coefficient_of_variation", "standard_router_scores", "top_k",
+    "top_k_routing", "vanilla_allocation",
+]

@@ -9,7 +9,10 @@ import pytest
 from moe_course.data.captioned import CaptionedDigits
 from moe_course.data.captions import (
     CAPTION_TEMPLATES,
+    POSITION_PHRASES,
     PROMPT_TEMPLATES,
+    ZERO_SHOT_TEMPLATES,
+    attribute_templates,
     caption,
     class_prompts,
     position_phrase,
@@ -122,7 +125,7 @@ def test_every_caption_fits_sixteen_subword_tokens(captioned):
 
 def test_prompts_are_tokenized_per_class_and_template(captioned):
     ids, mask = captioned.prompts()
-    assert ids.shape == mask.shape == (10, len(PROMPT_TEMPLATES), 16)
+    assert ids.shape == mask.shape == (10, len(ZERO_SHOT_TEMPLATES), 16)
     assert captioned.tokenizer.decode(ids[3])[2] == "a handwritten three"
 
 
@@ -157,3 +160,12 @@ def test_captioned_digits_refuses_bad_settings(small_digits, captioned):
         CaptionedDigits(small_digits, seq_len=0)
     with pytest.raises(ValueError, match="seq_len=8 disagrees"):
         CaptionedDigits(small_digits, tokenizer=captioned.tokenizer, seq_len=8)
+
+
+def test_attribute_templates_cover_every_size_and_position_and_name_only_the_class():
+    templates = attribute_templates()
+    assert len(templates) == len(CAPTION_TEMPLATES) * 3 * 9 == len(set(templates))
+    drawn = {position_phrase(top, left, 14, 32) for top in range(19) for left in range(19)}
+    assert drawn == set(POSITION_PHRASES)
+    assert all("{name}" in t and "{size}" not in t and "{position}" not in t for t in templates)
+    assert ZERO_SHOT_TEMPLATES[:len(PROMPT_TEMPLATES)] == PROMPT_TEMPLATES

@@ -2,7 +2,7 @@
 
 Evaluation embeds images and texts in separate, single-modality forward passes (as a retrieval index would),
 at evaluation settings (no router noise, no dropout), compiled once per batch size.
-- Zero-shot: each class is described by several prompts (``data.captions.PROMPT_TEMPLATES``); their
+- Zero-shot: each class is described by several prompts (``data.captions.ZERO_SHOT_TEMPLATES``); their
   normalised text embeddings are averaged and renormalised (prompt ensembling, CLIP Sec. 3.1.4), and an image
   gets the class whose embedding is most similar to its own.
 - Retrieval: image j's caption is text j. Image-to-text recall@k is the fraction of images whose caption is

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from moe_course.data.base import check_indices
-from moe_course.data.captions import CAPTION_TEMPLATES, caption, class_prompts
+from moe_course.data.captions import CAPTION_TEMPLATES, ZERO_SHOT_TEMPLATES, caption, class_prompts
 from moe_course.data.digits import _SPLIT_IDS, ClutteredDigits
 from moe_course.data.tokenizer import SubwordTokenizer
 
@@ -84,8 +84,8 @@ class CaptionedDigits:
         return {**batch, "caption": np.asarray(captions, dtype=str), "text": text, "text_mask": text_mask}
 
     def prompts(self) -> tuple[np.ndarray, np.ndarray]:
-        """Zero-shot prompts (``captions.PROMPT_TEMPLATES``) tokenized: ids and mask (classes, templates, seq_len)."""
-        prompts = class_prompts(self.class_names)
+        """Zero-shot prompts (``captions.ZERO_SHOT_TEMPLATES``) tokenized: ids and mask (classes, templates, seq_len)."""
+        prompts = class_prompts(self.class_names, ZERO_SHOT_TEMPLATES)
         ids, mask = self.tokenizer.encode([p for row in prompts for p in row])
         shape = (len(prompts), len(prompts[0]), self.seq_len)
         return ids.reshape(shape), mask.reshape(shape)

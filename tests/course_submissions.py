@@ -36,3 +36,24 @@ def write(notebook, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(notebook) if not isinstance(notebook, str) else notebook)
     return path
+
+
+def lms_export(folder: Path, notebooks: dict) -> Path:
+    """An LMS export of ``{student: notebook}``: the first student Moodle-style (a folder named
+    ``<Name>_<id>_assignsubmission_file_``), the second Canvas-style (``<name>_<id>_<sub>_<file>.ipynb``),
+    the rest as plain ``<student>/`` folders. Returns ``folder``; the students' ids after collect are
+    ``<name>_<id>`` for the first two and the name for the rest."""
+    for position, (student, notebook) in enumerate(notebooks.items()):
+        if position == 0:
+            path = folder / f"{student.title()}_1001_assignsubmission_file_" / "upload.ipynb"
+        elif position == 1:
+            path = folder / f"{student}_1002_555_upload.ipynb"
+        else:
+            path = folder / student / "upload.ipynb"
+        write(notebook, path)
+    return folder
+
+
+def collected_ids(students) -> list[str]:
+    """The student ids ``lms_export``'s layout gives after collect, in the same order."""
+    return [f"{s}_{1001 + i}" if i < 2 else s for i, s in enumerate(students)]

@@ -55,7 +55,7 @@ def test_round_trip(course, name, tmp_path, capsys):
     assert main(["course", "feedback", name, "--course-dir", str(course)]) == 0
     for student in (full, zero, partial):
         html = (course / "feedback" / student / name / f"{name}.html").read_text()
-        assert "HIDDEN TESTS" not in html and "_hidden_tests" not in html and "moe_course" not in html
+        assert "HIDDEN TESTS" not in html and "_hidden_tests" not in html and "from moe_course" not in html
     with capsys.disabled():
         print(f"\n{name}: 3 submissions autograded in {seconds:.1f} s (wall, 2 jobs)")
 

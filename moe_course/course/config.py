@@ -62,6 +62,7 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     """
     paths = course_paths(course_dir)
     c = Config()
+    c.NbGraderAPI.log_level = "WARN"  # nbgrader's per-file INFO lines would drown the summary
     c.CourseDirectory.root = str(paths["root"])
     c.CourseDirectory.db_url = f"sqlite:///{Path(db or paths['db']).resolve()}"
     c.CourseDirectory.course_id = "moe-course"

@@ -68,6 +68,7 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     c.CourseDirectory.course_id = "moe-course"
     c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", ".*"]
     c.OverwriteCells.add_missing_cells = True
+    c.Autograde.sanitize_preprocessors = sanitize_preprocessors()
     c.Execute.timeout = limits.cell_timeout
     c.Execute.interrupt_on_timeout = True
     c.Execute.startup_timeout = 120
@@ -77,6 +78,22 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     c.Autograde.create_student = True
     c.GenerateFeedback.force = True
     return c
+
+
+def drop_emptied_metadata(notebook, resources):
+    """nbgrader preprocessor: remove the empty ``nbgrader`` metadata DeduplicateIds leaves on a duplicated
+    grade cell (nbgrader 0.9's add_missing_cells would fail on it with KeyError 'grade_id')."""
+    for cell in notebook.cells:
+        if "nbgrader" in cell.metadata and not cell.metadata["nbgrader"]:
+            del cell.metadata["nbgrader"]
+    return notebook, resources
+
+
+def sanitize_preprocessors() -> list:
+    """nbgrader's Autograde.sanitize_preprocessors with ``drop_emptied_metadata`` after DeduplicateIds."""
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
+
+    return [ClearOutput, DeduplicateIds, drop_emptied_metadata, OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
 
 
 def grading_env(course_dir: Path) -> dict[str, str]:

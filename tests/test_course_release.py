@@ -51,3 +51,15 @@ def test_exercise_holds_no_answer_or_hidden_test(name):
     assert not [m for m in SECRET_MARKERS if m in released]
     assert len(REGION.findall(source)) >= 4, "an assignment has answers and hidden tests"
     assert "raise NotImplementedError()" in released
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["release", "99_nope"], "assignment='99_nope' is not allowed"),
+    (["collect", "/nonexistent", "--assignment", "01_vit"], "export_dir='/nonexistent' is not a folder"),
+    (["autograde", "01_vit"], "assignment='01_vit' is not released"),
+    (["autograde", "01_vit", "--jobs", "0"], "jobs=0 is not allowed"),
+    (["autograde", "01_vit", "--cell-timeout", "0"], "cell_timeout=0 is not allowed"),
+])
+def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
+    assert main(["course", *argv, "--course-dir", str(tmp_path / "course")]) == 2
+    assert message in capsys.readouterr().err

@@ -15,7 +15,7 @@ from course_submissions import answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
 
 NAME = "00_tiny"
-CELL_TIMEOUT = 8  # s
+CELL_TIMEOUT = 15  # s; long enough for a correct cell on a loaded 2-core machine
 MEMORY_MB = 3072  # the grading kernel's address space; JAX and the course library take about 1.6 GiB of it
 SOLUTION = '''# %% [markdown]
 # A small assignment for the grading tests.
@@ -139,6 +139,9 @@ def graded(tmp_path_factory):
         "code_patch": _with(full, probs_answer=wrong_probs + "\nimport moe_course.routing.router as r\n"
                             "r.router_probabilities.__code__ = (lambda logits, key=None, *, noise_std=None: "
                             "logits * 0).__code__"),
+        "unhooks": _with(full, probs_answer=correct["probs_answer"] + "\nget_ipython().events.callbacks"
+                         "['pre_run_cell'].clear()", double_answer="import numpy\n"
+                         "numpy.array_equal = lambda *a, **k: True\ndef double(x):\n    return x"),
         "reads_secrets": _with(full, probs_answer=correct["probs_answer"] + "\n" + readers),
         "writes_outside": _with(full, probs_answer=correct["probs_answer"] + "\n" + writers),
         "empty": "",
@@ -213,6 +216,11 @@ def test_monkeypatching_what_the_tests_use_does_not_pass_them(graded):
     assert "Error" in _outputs(graded, "code_patch", "probs_tests")
     assert "assigns an attribute" in graded["grades"]["monkeypatch"]["flags"]
     assert "uses .__code__" in graded["grades"]["code_patch"]["flags"]
+    # Unregistering the kernel's pre-cell restore (then patching) is beyond what the grading kernel prevents
+    # (see moe_course/course/guard.py); the flags name it for a human, whatever the score.
+    assert graded["grades"]["unhooks"]["status"] == "graded"
+    assert "uses get_ipython" in graded["grades"]["unhooks"]["flags"]
+    assert "assigns an attribute (numpy.array_equal)" in graded["grades"]["unhooks"]["flags"]
 
 
 def test_hidden_tests_and_other_files_cannot_be_read_or_written(graded):

@@ -19,7 +19,8 @@ layers, each for a class of hostile or broken submissions:
    inside the test cell and compute the library's reference before they call the student's function.
 
 What this does not do: it is not an operating-system sandbox. Code that unregisters the restore callback
-and then patches a C-level object, or that crashes the interpreter, is out of its reach; the batch
+(``get_ipython().events``) and then patches, code that changes objects a hidden test already holds while
+the test calls it, or code that crashes the interpreter, is out of its reach; the batch
 (``moe_course.course.grade``) still survives such a submission (a per-student process with a wall-clock
 limit) and marks it, and ``moe_course.course.flags`` lists suspicious answer code for a human to read.
 """

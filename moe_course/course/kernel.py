@@ -53,7 +53,10 @@ def main(argv: list[str] | None = None) -> None:
     from moe_course.course import guard
 
     app = IPKernelApp.instance()
-    app.initialize([*(sys.argv[1:] if argv is None else argv), "--HistoryManager.enabled=False"])
+    # parent_handle: ipykernel's poller ends this kernel when its grading process dies (a killed batch
+    # worker must not leave a kernel behind that a student's loop keeps busy).
+    app.initialize([*(sys.argv[1:] if argv is None else argv), "--HistoryManager.enabled=False",
+                    f"--IPKernelApp.parent_handle={os.getppid()}"])
     guard.install(app.shell)
     app.start()
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from moe_course.configs import PRESETS
+from moe_course.course import cli as course_cli
 from moe_course.configs.vmoe import ALLOCATIONS, PRIORITIES
 from moe_course.routing.mod import MOD_ROUTERS
 from moe_course.data.base import DataError
@@ -73,6 +74,7 @@ def _parser() -> argparse.ArgumentParser:
                           help="jax; torch: the model converted to its PyTorch twin (needs moe-course[torch]); "
                                "both: the two side by side")
     _add_routing_args(evaluate, "evaluate the trained model with other settings")
+    course_cli.add_parser(sub)
     return parser
 
 
@@ -241,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     from moe_course.train.checkpoint import WorkdirError
 
     try:
-        summary = _train(args) if args.command == "train" else _evaluate(args)
+        commands = {"train": _train, "evaluate": _evaluate, "course": course_cli.run}
+        summary = commands[args.command](args)
     except TrainingDiverged as err:  # NaN/inf loss or parameters; the checkpoints on disk stay good
         print(f"moe-course {args.command}: error: {err}", file=sys.stderr)
         return 1

@@ -1,0 +1,104 @@
+"""``moe-course course ...``: the instructor's and the learner's commands (nbgrader's Python API underneath).
+
+    moe-course course release [ASSIGNMENT ...]            build exercises/ (and the course's gradebook)
+    moe-course course collect EXPORT_DIR --assignment A   copy an LMS export into the course
+    moe-course course autograde A [--jobs N]              grade every collected submission of A
+    moe-course course feedback A                          HTML feedback per student (no hidden tests)
+    moe-course course export [--to grades.csv]            one CSV row per submission
+    moe-course course validate NOTEBOOK                   a learner checks a notebook before hand-in
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from moe_course.course.config import EXERCISES, SOLUTIONS, Limits
+
+DEFAULT_COURSE_DIR = "course"
+
+
+def add_parser(sub) -> None:
+    """Add the ``course`` command and its subcommands to the ``moe-course`` parser's subparsers."""
+    course = sub.add_parser("course", help="assignments and automatic grading (needs moe-course[instructor])")
+    commands = course.add_subparsers(dest="course_command", required=True)
+
+    def with_course_dir(parser):
+        parser.add_argument("--course-dir", default=DEFAULT_COURSE_DIR,
+                            help=f"the instructor's nbgrader course folder (default: ./{DEFAULT_COURSE_DIR})")
+        return parser
+
+    release = with_course_dir(commands.add_parser("release", help="generate the student versions into exercises/"))
+    release.add_argument("assignments", nargs="*", help="NN_slug names (default: every solutions/NN_*.py)")
+    release.add_argument("--solutions", default=str(SOLUTIONS), help="folder of the py:percent sources")
+    release.add_argument("--exercises", default=str(EXERCISES), help="where the student notebooks go")
+
+    collect = with_course_dir(commands.add_parser("collect", help="copy an LMS export of submissions into the course"))
+    collect.add_argument("export_dir", help="unpacked export: one folder per student, or Canvas-named files")
+    collect.add_argument("--assignment", required=True, help="the NN_slug these submissions answer")
+
+    autograde = with_course_dir(commands.add_parser("autograde", help="grade every collected submission"))
+    autograde.add_argument("assignment")
+    autograde.add_argument("--jobs", type=int, default=2, help="submissions graded in parallel (default 2)")
+    autograde.add_argument("--cell-timeout", type=int, default=Limits.cell_timeout, help="seconds per cell")
+    autograde.add_argument("--submission-timeout", type=int, default=Limits.submission_timeout,
+                           help="wall-clock seconds per submission")
+    autograde.add_argument("--memory-mb", type=int, default=Limits.memory_bytes // 2**20,
+                           help="address-space limit of the grading kernel (MiB)")
+    autograde.add_argument("--solutions", default=str(SOLUTIONS), help="kept unreadable for submitted code")
+
+    feedback = with_course_dir(commands.add_parser("feedback", help="HTML feedback per graded student"))
+    feedback.add_argument("assignment")
+
+    export = with_course_dir(commands.add_parser("export", help="write grades.csv"))
+    export.add_argument("--to", default=None, help="CSV path (default: COURSE_DIR/grades.csv)")
+
+    validate = commands.add_parser("validate", help="run a notebook and its visible tests before handing it in")
+    validate.add_argument("notebook")
+
+
+def run(args) -> dict:
+    """Run the ``course`` subcommand in ``args``; returns the summary lines ``moe-course`` prints.
+
+    Raises ValueError for bad input (unknown assignment, missing folder, bad limit), and ImportError with the
+    install line when nbgrader is missing.
+    """
+    try:
+        import nbgrader  # noqa: F401
+    except ImportError as err:
+        raise ValueError(f"moe-course course needs nbgrader ({err}); install it with pip install -e \".[instructor]\"") from err
+    from moe_course.course import build, collect, grade
+
+    course_dir = Path(getattr(args, "course_dir", "."))
+    command = args.course_command
+    if command == "release":
+        released = build.release(course_dir, args.assignments, solutions_dir=Path(args.solutions),
+                                 exercises_dir=Path(args.exercises))
+        return {"released": ", ".join(p.stem for p in released), "exercises": args.exercises}
+    if command == "collect":
+        found, skipped = collect.collect(Path(args.export_dir), course_dir, args.assignment)
+        return {"collected": len(found), "skipped": len(skipped),
+                **{f"skipped {name}": why for name, why in skipped.items()}}
+    if command == "autograde":
+        limits = Limits(cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
+                        memory_bytes=args.memory_mb * 2**20)
+        start = time.perf_counter()
+        records = grade.autograde(course_dir, args.assignment, jobs=args.jobs, limits=limits,
+                                  solutions_dir=Path(args.solutions))
+        seconds = time.perf_counter() - start
+        lines = {r["student"]: f"{r['score']} / {r['max_score']} ({r['status']}{': ' + r['error'] if r['error'] else ''})"
+                 for r in records}
+        return {**lines, "submissions": len(records), "seconds": round(seconds, 1),
+                "seconds per submission": round(seconds / max(1, len(records)), 2)}
+    if command == "feedback":
+        written = grade.feedback(course_dir, args.assignment)
+        return {"feedback files": len(written), "folder": str(course_dir / "feedback")}
+    if command == "export":
+        return {"grades": str(grade.export(course_dir, args.to))}
+    results = grade.validate(Path(args.notebook))
+    if results:
+        failed = results.get("failed", []) + results.get("changed", []) + results.get("type_changed", [])
+        raise ValueError(f"{args.notebook}: {len(failed)} cell(s) would not pass or were changed:\n"
+                         + "\n".join(cell.get("raw_error") or cell["source"][:200] for cell in failed))
+    return {"validated": args.notebook, "result": "every visible test passes"}

@@ -1,0 +1,102 @@
+"""Where an instructor's course lives on disk, and the nbgrader configuration the course commands use.
+
+A course directory follows nbgrader's layout (``source/``, ``release/``, ``submitted/``, ``autograded/``,
+``feedback/`` with one folder per assignment or per student and assignment) plus the course's own:
+``gradebook.db`` (the master gradebook: assignments and their grade cells, hidden tests included),
+``gradebooks/<assignment>/<student>.db|.json`` (one gradebook copy and one result record per graded
+submission, so that parallel grading processes never write the same database), ``jupyter/kernels/``
+(the grading kernel's spec) and ``grades.csv``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from traitlets.config import Config
+
+REPO = Path(__file__).resolve().parents[2]
+SOLUTIONS = REPO / "solutions"
+EXERCISES = REPO / "exercises"
+GRADEBOOK = "gradebook.db"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Limits for grading one submission.
+
+    cell_timeout: seconds one cell may run before it is interrupted (that cell then scores 0).
+    submission_timeout: wall-clock seconds for a whole submission (its kernel included) before it is killed.
+    memory_bytes: address-space limit of the grading kernel (bytes). cpu_seconds: its CPU-time limit (s).
+    """
+
+    cell_timeout: int = 60
+    submission_timeout: int = 900
+    memory_bytes: int = 6 * 2**30
+    cpu_seconds: int = 600
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{field.name}={value!r} is not allowed; use a positive integer")
+
+
+def course_paths(course_dir: Path) -> dict[str, Path]:
+    """The folders and files of a course directory (see the module docstring), by name."""
+    root = Path(course_dir).resolve()
+    return {name: root / name for name in ("source", "release", "submitted", "autograded", "feedback",
+                                            "gradebooks", "jupyter")} | {"root": root, "db": root / GRADEBOOK}
+
+
+def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits = Limits(),
+                    kernel_name: str | None = None) -> Config:
+    """The traitlets Config for nbgrader's API on ``course_dir``.
+
+    db: the gradebook to use (default: the master ``gradebook.db``). kernel_name: the kernelspec that runs
+    submissions (the grading kernel) -- None keeps each notebook's own (for release). Grade cells deleted,
+    duplicated or changed by a student are restored from the gradebook (OverwriteCells.add_missing_cells,
+    nbgrader's checksums and DeduplicateIds); a cell running past ``limits.cell_timeout`` is interrupted and
+    fails.
+    """
+    paths = course_paths(course_dir)
+    c = Config()
+    c.NbGraderAPI.log_level = "WARN"  # nbgrader's per-file INFO lines would drown the summary
+    c.CourseDirectory.root = str(paths["root"])
+    c.CourseDirectory.db_url = f"sqlite:///{Path(db or paths['db']).resolve()}"
+    c.CourseDirectory.course_id = "moe-course"
+    c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", ".*"]
+    c.OverwriteCells.add_missing_cells = True
+    c.Autograde.sanitize_preprocessors = sanitize_preprocessors()
+    c.Execute.timeout = limits.cell_timeout
+    c.Execute.interrupt_on_timeout = True
+    c.Execute.startup_timeout = 120
+    if kernel_name is not None:
+        c.Execute.kernel_name = kernel_name
+    c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+    c.Autograde.create_student = True
+    c.GenerateFeedback.force = True
+    return c
+
+
+def drop_emptied_metadata(notebook, resources):
+    """nbgrader preprocessor: remove the empty ``nbgrader`` metadata DeduplicateIds leaves on a duplicated
+    grade cell (nbgrader 0.9's add_missing_cells would fail on it with KeyError 'grade_id')."""
+    for cell in notebook.cells:
+        if "nbgrader" in cell.metadata and not cell.metadata["nbgrader"]:
+            del cell.metadata["nbgrader"]
+    return notebook, resources
+
+
+def sanitize_preprocessors() -> list:
+    """nbgrader's Autograde.sanitize_preprocessors with ``drop_emptied_metadata`` after DeduplicateIds."""
+    from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
+
+    return [ClearOutput, DeduplicateIds, drop_emptied_metadata, OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
+
+
+def grading_env(course_dir: Path) -> dict[str, str]:
+    """The environment of a grading process: the course's kernelspec folder first on JUPYTER_PATH."""
+    jupyter = str(course_paths(course_dir)["jupyter"])
+    return {**os.environ, "JUPYTER_PATH": os.pathsep.join(filter(None, [jupyter, os.environ.get("JUPYTER_PATH")]))}

@@ -1,0 +1,148 @@
+"""Autograde a whole class in one batch, write feedback and export the grades (nbgrader's Python API).
+
+Every submission is graded by its own process (``moe_course.course.worker``) in its own session, at most
+``jobs`` at a time, each under a wall-clock limit, with the grading kernel of ``moe_course.course.kernel``
+(resource limits, file policy, restored modules) and nbgrader's per-cell timeout. Whatever one submission
+does -- loop forever, exit, crash its kernel, exhaust memory, edit the tests, or not be a notebook at all --
+it ends with a record for that student and cannot touch the grade of another: there is no shared process
+and no shared database to corrupt. A submission whose kernel dies is marked "failed" with the reason and
+scores 0 until a human regrades it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
+from moe_course.course.flags import scan_notebook
+from moe_course.course.kernel import write_kernelspec
+from moe_course.course.worker import record_paths
+
+GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags")
+
+
+def submitted_students(course_dir: Path, assignment: str) -> list[str]:
+    """Students with a ``submitted/<student>/<assignment>/`` folder, sorted."""
+    submitted = course_paths(course_dir)["submitted"]
+    return sorted(p.parent.name for p in submitted.glob(f"*/{assignment}") if p.is_dir())
+
+
+def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits) -> dict:
+    db, result = record_paths(course_dir, assignment, student)
+    result.parent.mkdir(parents=True, exist_ok=True)
+    result.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment, student,
+               str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds)]
+    process = subprocess.Popen(command, env=grading_env(course_dir), start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = process.communicate(timeout=limits.submission_timeout)
+        error = "" if result.exists() else f"grading process ended with code {process.returncode}: {output[-300:]}"
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # the worker, its kernel and anything they started
+        process.communicate()
+        error = f"timed out after {limits.submission_timeout} s (whole submission)"
+    if error:
+        result.write_text(json.dumps({"student": student, "assignment": assignment, "status": "failed",
+                                      "error": error, "score": 0.0, "max_score": None, "cells": {},
+                                      "seconds": None}))
+    return json.loads(result.read_text())
+
+
+def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2, limits: Limits = Limits(),
+              solutions_dir: Path = SOLUTIONS) -> list[dict]:
+    """Grade ``students`` (default: everyone in ``submitted/``) of ``assignment``, ``jobs`` at a time.
+
+    The assignment must have been released into ``course_dir`` (``build.release``). Returns one record per
+    student (see ``worker``), with ``flags`` from ``flags.scan_notebook`` added. Raises ValueError for
+    jobs < 1 or an assignment that is not in the course.
+    """
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} is not allowed; use a positive integer (parallel grading processes)")
+    paths = course_paths(course_dir)
+    if not (paths["release"] / assignment).is_dir():
+        raise ValueError(f"assignment={assignment!r} is not released in {paths['root']}; run "
+                         f"`moe-course course release {assignment}` first")
+    write_kernelspec(paths["jupyter"], protect=[paths["root"], Path(solutions_dir)],
+                     memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds)
+    students = list(students) if students else submitted_students(course_dir, assignment)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        records = list(pool.map(lambda s: _run_worker(course_dir, assignment, s, limits), students))
+    for record in records:
+        notebook = paths["submitted"] / record["student"] / assignment / f"{assignment}.ipynb"
+        record["flags"] = scan_notebook(notebook)
+        _, result = record_paths(course_dir, assignment, record["student"])
+        result.write_text(json.dumps(record, indent=1))
+    return records
+
+
+def hide_hidden_tracebacks(notebook, resources):
+    """nbgrader preprocessor for feedback: in every cell that holds hidden tests, replace each error's
+    traceback (which quotes the failing source line) by its one-line ``ename: evalue``."""
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
+    return notebook, resources
+
+
+def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path]:
+    """HTML feedback per graded student, without the hidden tests (their text is cleared from the cells,
+    their tracebacks cut to one line). Returns {student: html path}."""
+    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+
+    paths = course_paths(course_dir)
+    written = {}
+    for student in students or submitted_students(course_dir, assignment):
+        db, result = record_paths(course_dir, assignment, student)
+        if not result.exists() or json.loads(result.read_text())["status"] != "graded":
+            continue
+        config = nbgrader_config(course_dir, db=db)
+        config.GenerateFeedback.preprocessors = [GetGrades, hide_hidden_tracebacks, ClearHiddenTests,
+                                                 CSSHTMLHeaderPreprocessor]
+        outcome = NbGraderAPI(config=config).generate_feedback(assignment, student)
+        if outcome["success"]:
+            written[student] = paths["feedback"] / student / assignment / f"{assignment}.html"
+    return written
+
+
+def export(course_dir: Path, target: Path | None = None) -> Path:
+    """Write ``grades.csv`` (default: in the course directory): one row per graded or failed submission,
+    GRADES_FIELDS; max_score from the master gradebook where grading failed. Returns its path."""
+    from nbgrader.api import Gradebook
+
+    paths = course_paths(course_dir)
+    target = Path(target or paths["root"] / "grades.csv")
+    with Gradebook(f"sqlite:///{paths['db']}", "moe-course") as gradebook:
+        max_scores = {a.name: a.max_score for a in gradebook.assignments}
+    rows = []
+    for result in sorted(paths["gradebooks"].glob("*/*.json")):
+        record = json.loads(result.read_text())
+        record["max_score"] = record["max_score"] if record["max_score"] is not None else max_scores.get(
+            record["assignment"])
+        record["flags"] = "; ".join(record.get("flags", []))
+        rows.append({field: record.get(field, "") for field in GRADES_FIELDS})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=GRADES_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return target
+
+
+def validate(notebook: Path) -> dict:
+    """nbgrader's check of a learner's notebook before hand-in: runs it and reports failing visible tests and
+    edited test cells. Returns nbgrader's result dict (empty when everything passes)."""
+    from nbgrader.validator import Validator
+
+    return Validator(config=nbgrader_config(Path(notebook).parent)).validate(str(notebook))

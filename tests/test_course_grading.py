@@ -1,0 +1,71 @@
+"""Every assignment's round trip through the real `moe-course course` commands: the solution scores full
+marks, the released exercise as handed out scores 0, a partly answered one scores in between; feedback holds
+no hidden test. Needs nbgrader (the `test` extra installs it)."""
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+
+from course_submissions import answer_cells, answered, collected_ids, lms_export  # noqa: E402
+from moe_course.cli import main  # noqa: E402
+from moe_course.course.build import assignment_names  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("course")
+    assert main(["course", "release", "--course-dir", str(folder), "--exercises", str(folder / "exercises")]) == 0
+    return folder
+
+
+def _grades(course_dir: Path, name: str) -> dict:
+    assert main(["course", "export", "--course-dir", str(course_dir)]) == 0
+    with open(course_dir / "grades.csv") as handle:
+        return {row["student"]: row for row in csv.DictReader(handle) if row["assignment"] == name}
+
+
+@pytest.mark.parametrize("name", assignment_names())
+def test_round_trip(course, name, tmp_path, capsys):
+    released = course / "release" / name / f"{name}.ipynb"
+    source = course / "source" / name / f"{name}.ipynb"
+    first_answer = next(iter(answer_cells(source)))
+    students = {"full": answered(released, source), "zero": json.loads(released.read_text()),
+                "partial": answered(released, source, [first_answer])}
+    export = lms_export(tmp_path / "export", students)
+    assert main(["course", "collect", str(export), "--assignment", name, "--course-dir", str(course)]) == 0
+    start = time.perf_counter()
+    assert main(["course", "autograde", name, "--course-dir", str(course), "--jobs", "2"]) == 0
+    seconds = time.perf_counter() - start
+    full, zero, partial = collected_ids(students)
+    grades = _grades(course, name)
+    assert sorted(grades) == sorted([full, zero, partial])
+    assert {g["status"] for g in grades.values()} == {"graded"}, grades
+    maximum = float(grades[full]["max_score"])
+    assert maximum >= 6
+    assert float(grades[full]["score"]) == maximum, grades[full]
+    assert float(grades[zero]["score"]) == 0.0, grades[zero]
+    assert 0.0 < float(grades[partial]["score"]) < maximum, grades[partial]
+    assert all(g["flags"] == "" for g in grades.values()), grades
+
+    assert main(["course", "feedback", name, "--course-dir", str(course)]) == 0
+    for student in (full, zero, partial):
+        html = (course / "feedback" / student / name / f"{name}.html").read_text()
+        assert "HIDDEN TESTS" not in html and "_hidden_tests" not in html and "from moe_course" not in html
+    with capsys.disabled():
+        print(f"\n{name}: 3 submissions autograded in {seconds:.1f} s (wall, 2 jobs)")
+
+
+def test_validate_tells_a_learner_what_fails(course, tmp_path, capsys):
+    name = "06_mod"
+    released = course / "release" / name / f"{name}.ipynb"
+    source = course / "source" / name / f"{name}.ipynb"
+    (tmp_path / "done").mkdir()
+    (tmp_path / "done" / f"{name}.ipynb").write_text(json.dumps(answered(released, source)))
+    assert main(["course", "validate", str(tmp_path / "done" / f"{name}.ipynb")]) == 0
+    assert main(["course", "validate", str(released)]) == 2
+    assert "NotImplementedError" in capsys.readouterr().err

@@ -1,0 +1,241 @@
+"""Hostile and broken submissions, graded in ONE batch with correct ones through the real commands: every
+other student's grade is unaffected, the batch finishes, and each attack fails in the way it should. The
+assignment is a small one written here (two answers, 3 points). Needs nbgrader (the `test` extra)."""
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+
+from course_submissions import answered, write  # noqa: E402
+from moe_course.cli import main  # noqa: E402
+
+NAME = "00_tiny"
+CELL_TIMEOUT = 15  # s; long enough for a correct cell on a loaded 2-core machine
+MEMORY_MB = 3072  # the grading kernel's address space; JAX and the course library take about 1.6 GiB of it
+SOLUTION = '''# %% [markdown]
+# A small assignment for the grading tests.
+
+# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import numpy as np
+
+# %% nbgrader={"grade": false, "grade_id": "probs_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def probs(logits):
+    ### BEGIN SOLUTION
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "probs_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert probs(np.zeros((1, 2))).shape == (1, 2)
+### BEGIN HIDDEN TESTS
+def _hidden_tests():
+    import numpy
+    from numpy import allclose
+    from moe_course.routing import router_probabilities  # SECRET-HIDDEN-TEST-TEXT
+
+    logits = numpy.random.default_rng(1).normal(size=(2, 5, 4)).astype(numpy.float32)
+    want = numpy.asarray(router_probabilities(logits))
+    assert allclose(numpy.asarray(probs(logits.copy())), want, atol=1e-6)
+
+
+_hidden_tests()
+### END HIDDEN TESTS
+
+# %% nbgrader={"grade": false, "grade_id": "double_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def double(x):
+    ### BEGIN SOLUTION
+    return 2 * x
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "double_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
+### BEGIN HIDDEN TESTS
+def _hidden_tests():
+    import numpy
+
+    values = numpy.arange(5.0)
+    assert numpy.array_equal(double(values.copy()), 2 * values)
+
+
+_hidden_tests()
+### END HIDDEN TESTS
+'''
+GOOD = {"probs_answer": SOLUTION.split("### BEGIN SOLUTION\n")[1].split("    ### END")[0]}
+
+
+def _with(notebook: dict, **sources) -> dict:
+    """``notebook`` with the cells of the given grade ids replaced (a value of None deletes the cell)."""
+    cells = []
+    for cell in notebook["cells"]:
+        grade_id = cell["metadata"].get("nbgrader", {}).get("grade_id")
+        if grade_id in sources:
+            if sources[grade_id] is None:
+                continue
+            cell = {**cell, "source": sources[grade_id]}
+        cells.append(cell)
+    return {**notebook, "cells": cells}
+
+
+def _cell(notebook: dict, grade_id: str) -> dict:
+    return next(c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    solutions, course = root / "solutions", root / "course"
+    solutions.mkdir()
+    (solutions / f"{NAME}.py").write_text(SOLUTION)
+    assert main(["course", "release", NAME, "--course-dir", str(course), "--solutions", str(solutions),
+                 "--exercises", str(root / "exercises")]) == 0
+    released = course / "release" / NAME / f"{NAME}.ipynb"
+    full = answered(released, course / "source" / NAME / f"{NAME}.ipynb")
+    blank = json.loads(released.read_text())
+    correct = {"probs_answer": "".join(_cell(full, "probs_answer")["source"]),
+               "double_answer": "".join(_cell(full, "double_answer")["source"])}
+    wrong_probs = "def probs(logits):\n    return np.zeros_like(logits)"
+    outside = root / "outside.txt"
+    secrets = [course / "source" / NAME / f"{NAME}.ipynb", course / "gradebook.db", solutions / f"{NAME}.py",
+               course / "gradebooks" / NAME / "good.db"]
+    readers = "\n".join(f"try:\n    print(open({str(p)!r}, 'rb').read()[:4000])\nexcept Exception as error:\n"
+                        f"    print(type(error).__name__)" for p in secrets)
+    victim = course / "submitted" / "good" / NAME / f"{NAME}.ipynb"
+    writers = "\n".join(f"try:\n    open({str(p)!r}, 'w').write('pwned')\nexcept Exception as error:\n"
+                        f"    print(type(error).__name__)" for p in (outside, victim, course / "grades.csv"))
+    duplicated = _with(full)
+    duplicated["cells"].append({**_cell(full, "double_tests"), "id": "copy-of-double-tests"})  # as Jupyter copies
+    retyped = _with(full, probs_answer=wrong_probs, probs_tests="# nothing to test")
+    markdown = _cell(retyped, "probs_tests")
+    markdown.update(cell_type="markdown")
+    for key in ("outputs", "execution_count"):
+        markdown.pop(key, None)
+    submissions = {
+        "good": full,
+        "good2": full,
+        "blank": blank,
+        "loop": _with(full, probs_answer="def probs(logits):\n    while True:\n        pass"),
+        "stubborn_loop": _with(full, probs_answer="import time\ndef probs(logits):\n    while True:\n        try:\n"
+                               "            time.sleep(0.05)\n        except BaseException:\n            pass"),
+        "sys_exit": _with(full, probs_answer=correct["probs_answer"] + "\nimport sys\nsys.exit(3)"),
+        "os_exit": _with(full, probs_answer=correct["probs_answer"] + "\nimport os\nos._exit(1)"),
+        "segfault": _with(full, probs_answer="import faulthandler\nfaulthandler._sigsegv()"),
+        "memory_bomb": _with(full, probs_answer="def probs(logits):\n    hoard = np.ones(2**29)  # 4 GiB\n"
+                             "    return hoard[:logits.size].reshape(logits.shape)"),
+        "edits_tests": retyped,
+        "deletes_tests": _with(full, probs_answer=wrong_probs, probs_tests=None),
+        "duplicates_tests": duplicated,
+        "monkeypatch": _with(full, probs_answer=wrong_probs + "\nimport numpy, moe_course.routing\n"
+                             "numpy.allclose = lambda *a, **k: True\nnumpy.array_equal = lambda *a, **k: True\n"
+                             "moe_course.routing.router_probabilities = probs\n"
+                             "numpy.testing.assert_allclose = lambda *a, **k: None",
+                             double_answer="def double(x):\n    import numpy\n"
+                             "    numpy.array_equal = lambda *a, **k: True\n    return x"),
+        "code_patch": _with(full, probs_answer=wrong_probs + "\nimport moe_course.routing.router as r\n"
+                            "r.router_probabilities.__code__ = (lambda logits, key=None, *, noise_std=None: "
+                            "logits * 0).__code__"),
+        "unhooks": _with(full, probs_answer=correct["probs_answer"] + "\nget_ipython().events.callbacks"
+                         "['pre_run_cell'].clear()", double_answer="import numpy\n"
+                         "numpy.array_equal = lambda *a, **k: True\ndef double(x):\n    return x"),
+        "reads_secrets": _with(full, probs_answer=correct["probs_answer"] + "\n" + readers),
+        "writes_outside": _with(full, probs_answer=correct["probs_answer"] + "\n" + writers),
+        "empty": "",
+        "malformed": '{"cells": [ this is not json',
+    }
+    export = root / "export"
+    for student, notebook in submissions.items():
+        write(notebook, export / student / f"{NAME}.ipynb")
+    assert main(["course", "collect", str(export), "--assignment", NAME, "--course-dir", str(course)]) == 0
+    start = time.perf_counter()
+    code = main(["course", "autograde", NAME, "--course-dir", str(course), "--jobs", "2", "--cell-timeout",
+                 str(CELL_TIMEOUT), "--memory-mb", str(MEMORY_MB), "--submission-timeout", "240",
+                 "--solutions", str(solutions)])
+    seconds = time.perf_counter() - start
+    assert code == 0
+    assert main(["course", "export", "--course-dir", str(course)]) == 0
+    with open(course / "grades.csv") as handle:
+        grades = {row["student"]: row for row in csv.DictReader(handle)}
+    print(f"\n{len(submissions)} submissions (hostile and correct) graded in {seconds:.1f} s wall, 2 jobs")
+    return {"grades": grades, "course": course, "outside": outside, "students": submissions}
+
+
+def _score(graded, student) -> float:
+    return float(graded["grades"][student]["score"])
+
+
+def _outputs(graded, student, grade_id) -> str:
+    path = graded["course"] / "autograded" / student / NAME / f"{NAME}.ipynb"
+    return json.dumps(_cell(json.loads(path.read_text()), grade_id).get("outputs", []))
+
+
+def test_the_batch_grades_everyone_and_correct_students_are_unaffected(graded):
+    assert sorted(graded["grades"]) == sorted(graded["students"])
+    for student in ("good", "good2"):
+        assert graded["grades"][student]["status"] == "graded"
+        assert _score(graded, student) == 3.0 == float(graded["grades"][student]["max_score"])
+    assert _score(graded, "blank") == 0.0
+
+
+def test_an_infinite_loop_times_out_and_scores_zero_on_its_cell(graded):
+    assert _score(graded, "loop") == 1.0  # double still counts
+    assert "CellTimeoutError" in _outputs(graded, "loop", "probs_tests") or "KeyboardInterrupt" in _outputs(
+        graded, "loop", "probs_tests")
+    # A loop that swallows the interrupt keeps its kernel busy for good: nbgrader gives up on that submission.
+    stubborn = graded["grades"]["stubborn_loop"]
+    assert stubborn["status"] == "failed" and "Timeout" in stubborn["error"] and _score(graded, "stubborn_loop") == 0.0
+
+
+def test_exits_and_crashes_end_only_that_submission(graded):
+    assert graded["grades"]["sys_exit"]["status"] == "graded" and _score(graded, "sys_exit") == 3.0
+    for student in ("os_exit", "segfault"):
+        assert graded["grades"][student]["status"] == "failed" and _score(graded, student) == 0.0
+        assert graded["grades"][student]["error"], graded["grades"][student]
+        assert float(graded["grades"][student]["max_score"]) == 3.0
+
+
+def test_a_memory_bomb_raises_memory_error_in_its_cell(graded):
+    assert graded["grades"]["memory_bomb"]["status"] == "graded"
+    assert _score(graded, "memory_bomb") == 1.0
+    assert "MemoryError" in _outputs(graded, "memory_bomb", "probs_tests")
+
+
+def test_edited_deleted_duplicated_and_retyped_test_cells_are_restored(graded):
+    assert _score(graded, "edits_tests") == 1.0  # the restored probs test fails on the wrong answer
+    assert _score(graded, "deletes_tests") == 1.0  # the deleted test is put back, and fails
+    assert _score(graded, "duplicates_tests") == 3.0 == float(graded["grades"]["duplicates_tests"]["max_score"])
+
+
+def test_monkeypatching_what_the_tests_use_does_not_pass_them(graded):
+    assert _score(graded, "monkeypatch") == 0.0
+    assert _score(graded, "code_patch") == 1.0  # its double is right; the probs test sees the real library
+    assert "Error" in _outputs(graded, "code_patch", "probs_tests")
+    assert "assigns an attribute" in graded["grades"]["monkeypatch"]["flags"]
+    assert "uses .__code__" in graded["grades"]["code_patch"]["flags"]
+    # Unregistering the kernel's pre-cell restore (then patching) is beyond what the grading kernel prevents
+    # (see moe_course/course/guard.py); the flags name it for a human, whatever the score.
+    assert graded["grades"]["unhooks"]["status"] == "graded"
+    assert "uses get_ipython" in graded["grades"]["unhooks"]["flags"]
+    assert "assigns an attribute (numpy.array_equal)" in graded["grades"]["unhooks"]["flags"]
+
+
+def test_hidden_tests_and_other_files_cannot_be_read_or_written(graded):
+    assert _score(graded, "reads_secrets") == 3.0
+    printed = _outputs(graded, "reads_secrets", "probs_answer")
+    assert "SECRET-HIDDEN-TEST-TEXT" not in printed and printed.count("GradingViolation") == 4, printed
+    assert _score(graded, "writes_outside") == 3.0
+    assert _outputs(graded, "writes_outside", "probs_answer").count("GradingViolation") == 3
+    assert not graded["outside"].exists()
+    victim = graded["course"] / "submitted" / "good" / NAME / f"{NAME}.ipynb"
+    assert "pwned" not in victim.read_text()
+
+
+def test_empty_and_malformed_notebooks_fail_alone(graded):
+    for student in ("empty", "malformed"):
+        row = graded["grades"][student]
+        assert row["status"] == "failed" and _score(graded, student) == 0.0 and row["error"], row
+        assert row["flags"] == "unreadable notebook"

@@ -1,0 +1,65 @@
+"""exercises/ is what `moe-course course release` makes of solutions/, byte for byte, and holds no answer or
+hidden test; every chapter has its assignment. Needs nbgrader (the `test` extra installs it)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+
+from moe_course.cli import main  # noqa: E402
+from moe_course.course.build import SECRET_MARKERS, assignment_names  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+# Chapters whose assignment a later session writes (chapter 7, scale-out, has no assignment yet).
+ASSIGNMENTS_PENDING = ("07",)
+REGION = re.compile(r"### BEGIN (SOLUTION|HIDDEN TESTS)\n(.*?)### END \1", re.S)
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("release")
+    assert main(["course", "release", "--course-dir", str(folder / "course"), "--exercises",
+                 str(folder / "exercises")]) == 0
+    return folder / "exercises"
+
+
+def test_every_chapter_has_an_assignment():
+    chapters = {p.stem for p in (ROOT / "chapters").glob("[0-9][0-9]_*.py")}
+    missing = {c for c in chapters if c not in assignment_names() and c[:2] not in ASSIGNMENTS_PENDING}
+    assert not missing, f"chapters without solutions/<chapter>.py: {sorted(missing)}"
+
+
+def test_exercises_equal_a_fresh_release(regenerated):
+    committed = sorted(p.name for p in (ROOT / "exercises").glob("*.ipynb"))
+    assert committed == sorted(p.name for p in regenerated.glob("*.ipynb")) == [f"{n}.ipynb" for n in assignment_names()]
+    for name in committed:
+        assert (ROOT / "exercises" / name).read_bytes() == (regenerated / name).read_bytes(), (
+            f"exercises/{name} differs from a fresh release: run `moe-course course release` and commit")
+
+
+@pytest.mark.parametrize("name", assignment_names())
+def test_exercise_holds_no_answer_or_hidden_test(name):
+    source = (ROOT / "solutions" / f"{name}.py").read_text()
+    released = (ROOT / "exercises" / f"{name}.ipynb").read_text()
+    public = REGION.sub("", source)
+    secret = {line.strip() for _, body in REGION.findall(source) for line in body.splitlines()}
+    # Lines of an answer or hidden test that the visible text does not also contain must not be released.
+    leaked = [line for line in secret if len(line) > 8 and line not in public and line.replace('"', '\\"') in released]
+    assert not leaked, f"exercises/{name}.ipynb contains answer or hidden-test lines: {leaked[:5]}"
+    assert not [m for m in SECRET_MARKERS if m in released]
+    assert len(REGION.findall(source)) >= 4, "an assignment has answers and hidden tests"
+    assert "raise NotImplementedError()" in released
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["release", "99_nope"], "assignment='99_nope' is not allowed"),
+    (["collect", "/nonexistent", "--assignment", "01_vit"], "export_dir='/nonexistent' is not a folder"),
+    (["autograde", "01_vit"], "assignment='01_vit' is not released"),
+    (["autograde", "01_vit", "--jobs", "0"], "jobs=0 is not allowed"),
+    (["autograde", "01_vit", "--cell-timeout", "0"], "cell_timeout=0 is not allowed"),
+])
+def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
+    assert main(["course", *argv, "--course-dir", str(tmp_path / "course")]) == 2
+    assert message in capsys.readouterr().err

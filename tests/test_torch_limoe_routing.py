@@ -182,7 +182,7 @@ def test_multimodal_aux_losses(case):
     lt, nt = to_torch(logits).requires_grad_(), to_torch(noisy).requires_grad_()
     twin = tr.multimodal_aux_losses(lt, nt, to_torch(modality), k=k, **kwargs)
     assert isinstance(twin, tr.MultimodalAuxLosses)
-    assert list(twin.terms) == list(ours.terms)
+    assert sorted(twin.terms) == sorted(ours.terms)  # value_and_grad returns the aux dict with sorted keys
     for name in ours.terms:
         assert_same(ours.terms[name], twin.terms[name], name=name)
     assert_same(ours.total, twin.total, name="total")
@@ -191,7 +191,10 @@ def test_multimodal_aux_losses(case):
         return
     twin.total.backward()
     assert_same_grad(grads[0], lt.grad, name="d/dlogits")
-    assert_same_grad(grads[1], nt.grad, name="d/dnoisy_logits")
+    if nt.grad is None:  # no chosen term reads the noisy logits (only the load loss does): JAX's gradient is 0
+        assert not np.any(np.asarray(grads[1])), "d/dnoisy_logits: JAX has a gradient, PyTorch none"
+    else:
+        assert_same_grad(grads[1], nt.grad, name="d/dnoisy_logits")
 
 
 @pytest.mark.parametrize("mode", jr.PRUNING_MODES)

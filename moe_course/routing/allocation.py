@@ -154,8 +154,19 @@ def allocate_in_order(
     position = jnp.take_along_axis(jnp.cumsum(one_hot, axis=1), choices[..., None], axis=2)[..., 0] - 1
     slot = jnp.where(taking_part & (position < capacity), position, -1).astype(jnp.int32)
     slot = jnp.swapaxes(slot.reshape(groups, k, tokens), 1, 2)  # (G, T, k), still in processing order
-    rank = jnp.argsort(order, axis=1).astype(jnp.int32)  # inverse permutation: token -> place in the order
+    rank = inverse_permutation(order)  # token -> place in the order
     return jnp.take_along_axis(slot, rank[..., None], axis=1), rank
+
+
+def inverse_permutation(order: jax.Array) -> jax.Array:
+    """(groups, tokens) int, a permutation per group -> its inverse, int32: rank[g, order[g, r]] = r.
+
+    Equal to ``jnp.argsort(order, axis=1)`` (the token -> place-in-the-order map of BPR's "sort plus inverse
+    permutation"), written as one scatter of 0..tokens-1 instead of a second sort.
+    """
+    groups, tokens = order.shape
+    places = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (groups, tokens))
+    return jnp.zeros((groups, tokens), jnp.int32).at[jnp.arange(groups)[:, None], order].set(places)
 
 
 def vanilla_allocation(expert_index: jax.Array, gates: jax.Array, capacity: int, num_experts: int, *,

@@ -58,6 +58,7 @@ class DigitsConfig:
                    stroke_length=resize(base.stroke_length, 1), **overrides)
 
     def validate(self) -> None:
+        """Raises ValueError naming the field, its value and what is allowed; returns None when valid."""
         if self.image_size < 12:
             raise ValueError(f"image_size={self.image_size} is too small; use at least 12 pixels")
         lo, hi = self.digit_size

@@ -174,6 +174,8 @@ class ClutteredDigits:
         return out
 
     def split_size(self, split: str) -> int:
+        """Canvases in ``split``: one per glyph for train, ``eval_copies`` per glyph for val and test; ValueError
+        for another split."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
         copies = 1 if split == "train" else self.config.eval_copies

@@ -20,7 +20,7 @@ for name in ("MOE_COURSE_FULL_SCALE", "MPLBACKEND"):
 
 project = "moe-course"
 author = "the moe-course authors"
-html_title = "moe-course: Mixture-of-Experts for vision"
+html_title = "moe-course"
 
 extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.mathjax", "course_site"]
 
@@ -41,8 +41,8 @@ nb_execution_in_temp = True  # chapters write runs/ into a fresh temporary folde
 nb_execution_timeout = 900  # seconds per cell
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
-# A widget needs a live kernel; course_site replaces its output by a note (the figure it drives stays).
-nb_mime_priority_overrides = [("*", "application/vnd.jupyter.widget-view+json", None)]
+# A widget needs a live kernel: course_site replaces its output by a note (the figure it drives stays), and
+# no widget JavaScript is loaded (it would come from a CDN).
 nb_ipywidgets_js = {}
 
 autodoc_member_order = "bysource"
@@ -59,3 +59,5 @@ nitpick_ignore_regex = [(r"py:.*", r"(jax|jnp|np|numpy|flax|nnx|optax|orbax|torc
 html_theme = "sphinx_book_theme"
 html_theme_options = {"show_toc_level": 2, "use_download_button": False}
 html_last_updated_fmt = None
+html_static_path = ["_static"]
+html_css_files = ["course.css"]

@@ -100,6 +100,30 @@ def test_the_executed_chapter_shows_its_figures_as_images(site):
     assert 'class="output stream highlight-myst-ansi notranslate"' in page or "cell_output" in page
 
 
+def test_a_widget_output_becomes_a_note():
+    """On a static page a slider cannot move: its output (a mime bundle holding the widget view) becomes a note
+    that says so; other outputs are left alone."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from docutils.utils import new_document
+
+    def bundle(**outputs):
+        node = nodes.container(nb_element="mime_bundle")
+        for mime_type, text in outputs.items():
+            node += nodes.container("", nodes.literal_block(text, text), mime_type=mime_type)
+        return node
+
+    document = new_document("chapter")
+    slider = "FloatSlider(value=0.25, description='C', max=1.5, min=0.05, step=0.05)"
+    document += bundle(**{"text/plain": slider, course_site.WIDGET_VIEW: '{"model_id": "abc"}'})
+    document += bundle(**{"text/plain": "<Figure size 640x480 with 2 Axes>", "image/png": "..."})
+    course_site.WidgetNote.run(SimpleNamespace(document=document))
+    notes = list(document.findall(nodes.note))
+    assert len(notes) == 1 and slider in notes[0].astext() and course_site.WIDGET_NOTE in notes[0].astext()
+    assert [c["mime_type"] for c in document.children[1].children] == ["text/plain", "image/png"]
+
+
 def test_a_chapter_that_fails_names_itself_and_its_cell(tmp_path):
     """A chapter whose cell raises fails the build, and the message names the chapter and the cell."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("_build", "chapters", "api"))

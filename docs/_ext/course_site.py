@@ -28,8 +28,8 @@ CHAPTER_GLOB = "[0-9][0-9]_*.py"
 # API pages in the order data flows through the library (DESIGN.md); packages not named here follow,
 # alphabetically, so a new subpackage needs no edit.
 API_ORDER = ["data", "configs", "routing", "layers", "models", "train", "parallel", "analysis", "viz", "torch"]
-WIDGET_NOTE = ("Interactive control: moving it needs a running Jupyter kernel (open this chapter in JupyterLab, "
-               "see the top of the page). The output below shows it at its starting value.")
+WIDGET_NOTE = ("This control moves only with a running Jupyter kernel (open the chapter in JupyterLab, see the "
+               "top of this page); on this page the figure below is drawn at its starting value.")
 
 
 def chapter_files(repo: Path = REPO) -> list[Path]:
@@ -219,26 +219,60 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip())
 
 
+_LITERAL = re.compile(r"(``.+?``|:\w+:`[^`]+`)")  # inline code and roles: left as written
+_TABLE_BORDER = re.compile(r"^=+( +=+)+$")
+
+
+def _escape(text: str) -> str:
+    """Plain text for reStructuredText: ``|``, ``*`` and a trailing ``_`` would start substitutions,
+    emphasis and references; inline code (double backquotes) and roles stay markup."""
+    parts = _LITERAL.split(text)
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"(\w)_\b", r"\1\\_", re.sub(r"([\\|*])", r"\\\1", parts[i]))
+    return "".join(parts)
+
+
 def plain_text_docstring(app, what, name, obj, options, lines: list[str]) -> None:
-    """``autodoc-process-docstring``: the library's docstrings are plain text (shape lines with indented
-    continuations, lists right under a sentence), which reStructuredText reads as block quotes and definition
-    lists that must end with a blank line. Add those blank lines, so that new docstrings need no RST care."""
+    """``autodoc-process-docstring``: the library's docstrings are plain text, laid out by hand (a shape per
+    line, hanging indents, lists right under a sentence, tables of ``=`` borders). Show them as written:
+    each line as a line of a reStructuredText line block (indentation kept), tables and ``::`` examples as
+    preformatted blocks; inline code in double backquotes and roles still render. So no docstring needs
+    reStructuredText care to pass the strict build."""
     out: list[str] = []
-    list_indent = None  # indentation of the "- " items of the list being read, if any
+    literal_indent, table_borders = None, 0
     for line in lines:
-        previous = out[-1] if out else ""
-        item = line.lstrip().startswith("- ")
-        if line.strip() and previous.strip():
-            ends_list = list_indent is not None and not item and _indent(line) <= list_indent
-            starts_list = item and list_indent is None
-            if _indent(line) < _indent(previous) or ends_list or starts_list:
+        if table_borders:  # inside a table: preformatted until its closing border (the third)
+            out.append("    " + line)
+            table_borders += bool(_TABLE_BORDER.match(line.strip()))
+            if table_borders == 3:
+                table_borders = 0
                 out.append("")
-        if item:
-            list_indent = _indent(line)
-        elif not line.strip() or (list_indent is not None and _indent(line) <= list_indent):
-            list_indent = None
-        out.append(line)
+            continue
+        if literal_indent is not None:  # the indented example after "::"
+            if not line.strip() or _indent(line) > literal_indent:
+                out.append(line)
+                continue
+            literal_indent = None
+            out.append("")
+        if not line.strip():
+            out.append("")
+        elif _TABLE_BORDER.match(line.strip()):
+            out += ["", "::", "", "    " + line]
+            table_borders = 1
+        elif line.rstrip().endswith("::"):
+            out += ["", "| " + " " * _indent(line) + _escape(line.strip()[:-2]) + ":", "", "::", ""]
+            literal_indent = _indent(line)
+        else:
+            out.append("| " + " " * _indent(line) + _escape(line.strip()))
     lines[:] = out
+
+
+def skip_namedtuple_fields(app, what, name, obj, skip, options):
+    """``autodoc-skip-member``: a NamedTuple's fields are documented in its docstring; Python's generated
+    "Alias for field number 0" entries would only repeat their names."""
+    if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):
+        return True
+    return None
 
 
 _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
@@ -262,31 +296,33 @@ def qualify_annotations(app, what, name, obj, options, signature, return_annotat
             _NAME.sub(full, return_annotation) if return_annotation else return_annotation)
 
 
-_WIDGET_REPR = re.compile(r"^[A-Z]\w*\(.*\)$", re.S)
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
 class WidgetNote(SphinxPostTransform):
-    """A widget's static output is its Python repr (``FloatSlider(value=0.25, ...)``, the widget view itself
-    being dropped by ``nb_mime_priority_overrides``); show a note that the control needs Jupyter instead."""
+    """Replace each widget output (a slider, ...) by a note: on a static page it cannot move, and its
+    JavaScript would come from a CDN. The figure the widget drives is a separate output and stays, drawn at
+    the widget's starting value. Runs before myst-nb picks one mime type per output (its priority 4)."""
 
-    default_priority = 100
+    default_priority = 3
 
     def run(self, **kwargs) -> None:
-        for block in list(self.document.findall(nodes.literal_block)):
-            parent = block.parent
-            if "text_plain" not in block.get("classes", []) or not _WIDGET_REPR.match(block.astext()):
+        for bundle in list(self.document.findall(nodes.container)):
+            if bundle.get("nb_element") != "mime_bundle":
                 continue
-            if not any(c.get("mime_type") == "application/vnd.jupyter.widget-view+json"
-                       for c in parent.findall(nodes.Element)) and "widget" not in parent.get("classes", []):
+            kinds = {child.get("mime_type"): child for child in bundle.children}
+            if WIDGET_VIEW not in kinds:
                 continue
-            note = nodes.note("", nodes.paragraph("", f"{WIDGET_NOTE} ({block.astext().split('(')[0]}: "
-                                                      f"{block.astext()})"))
-            block.replace_self(note)
+            text = kinds["text/plain"].astext().strip() if "text/plain" in kinds else "a widget"
+            note = nodes.note("", nodes.paragraph("", "", nodes.literal(text, text)),
+                              nodes.paragraph("", WIDGET_NOTE))
+            bundle.replace_self(note)
 
 
 def setup(app):
     app.connect("source-read", add_chapter_cells)
     app.connect("autodoc-process-docstring", plain_text_docstring)
     app.connect("autodoc-process-signature", qualify_annotations)
+    app.connect("autodoc-skip-member", skip_namedtuple_fields)
     app.add_post_transform(WidgetNote)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

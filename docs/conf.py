@@ -57,7 +57,8 @@ nitpick_ignore_regex = [(r"py:.*", r"(jax|jnp|np|numpy|flax|nnx|optax|orbax|torc
                         (r"py:class", r"moe_course\.(train\.concurrent\.[TR]|checks\.Config)")]
 
 html_theme = "sphinx_book_theme"
-html_theme_options = {"show_toc_level": 2, "use_download_button": False}
+# One search field, in the sidebar (the theme also puts one in a header bar of its own).
+html_theme_options = {"show_toc_level": 2, "use_download_button": False, "navbar_persistent": []}
 html_last_updated_fmt = None
 html_static_path = ["_static"]
 html_css_files = ["course.css"]

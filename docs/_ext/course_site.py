@@ -181,18 +181,20 @@ def chapter_cells(stem: str, notebook) -> tuple[object, object]:
     links to the API of everything it imports from the library (at the end)."""
     path = f"chapters/{stem}.py"
     run = _markdown_cell([
-        "```{admonition} Run this chapter yourself in JupyterLab",
+        "````{admonition} Run this chapter yourself in JupyterLab",
         ":class: tip",
         f"This page is `{path}`, executed. In a clone of the repository, after the install of "
         "{doc}`/install`, start JupyterLab on the chapters:",
         "",
-        "    jupyter lab chapters/",
+        "```bash",
+        "jupyter lab chapters/",
+        "```",
         "",
         f"then right-click `{stem}.py` in the file browser and choose *Open With -> Notebook*. Without "
         f"JupyterLab, `jupytext --to ipynb {path}` writes a notebook for any Jupyter front end. "
         f"Sliders and other widgets move only there. The library functions this chapter uses are listed "
         f"{{ref}}`at the end <api-used-{stem}>`.",
-        "```",
+        "````",
     ])
     lines = [f"(api-used-{stem})=", "## Library API used in this chapter", "",
              "Everything this chapter imports from `moe_course`, linked to its entry in the {doc}`/api/index`:", ""]

@@ -38,7 +38,7 @@ nb_execution_mode = "cache"
 nb_execution_cache_path = str(DOCS / "_build" / ".jupyter_cache")
 nb_execution_excludepatterns = course_site.execution_excludes(os.environ.get("MOE_COURSE_SITE_EXECUTE", "all"))
 nb_execution_in_temp = True  # chapters write runs/ into a fresh temporary folder, never into docs/
-nb_execution_timeout = 900  # seconds per cell
+nb_execution_timeout = 1800  # seconds per cell (a loaded 2-core machine trains chapter 3 for ~15 minutes)
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
 # A widget needs a live kernel: course_site replaces its output by a note (the figure it drives stays), and

@@ -238,6 +238,8 @@ def _evaluate(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``moe-course`` command: parse ``argv`` (default ``sys.argv[1:]``), run ``train`` or ``evaluate``
+    and return the exit status (0 ok; 1 when training diverged; 2 for bad input, printed as one line)."""
     args = _parser().parse_args(argv)
     from moe_course.train import TrainingDiverged  # here, not at the top: keeps --help fast
     from moe_course.train.checkpoint import WorkdirError

@@ -15,11 +15,20 @@ def _normalise(requirement: str) -> str:
     return re.sub(r"\s+", "", requirement).lower()
 
 
+def _extra(project: dict, name: str) -> set[str]:
+    """An extra's requirements, with the project's own extras it names ("moe-course[docs]") expanded."""
+    found = set()
+    for requirement in map(_normalise, project["optional-dependencies"][name]):
+        own = re.fullmatch(re.escape(project["name"]) + r"\[(\w+)\]", requirement)
+        found |= _extra(project, own.group(1)) if own else {requirement}
+    return found
+
+
 def test_environment_yml_mirrors_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     expected = set(map(_normalise, project["dependencies"]))
     for extra in MIRRORED_EXTRAS:
-        expected |= set(map(_normalise, project["optional-dependencies"][extra]))
+        expected |= _extra(project, extra)
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
     listed = {_normalise(r) for r in pip_section if not r.startswith("-e")}

@@ -49,10 +49,12 @@ class ViTConfig:
 
     @property
     def num_patches(self) -> int:
+        """Patch tokens per image: (image_size / patch_size) ** 2."""
         return (self.image_size // self.patch_size) ** 2
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the encoder sees per image: the patches, plus one class token when ``pool="cls"``."""
         return self.num_patches + (1 if self.pool == "cls" else 0)
 
     def replace(self, **changes) -> "ViTConfig":

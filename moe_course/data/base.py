@@ -31,9 +31,15 @@ class ImageDataset(Protocol):
     class_names: Sequence[str]
     image_shape: tuple[int, int, int]  # (height, width, channels)
 
-    def split_size(self, split: str) -> int: ...
+    def split_size(self, split: str) -> int:
+        """Number of examples in ``split`` ("train", "val" or "test"); ValueError for another split."""
+        ...
 
-    def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]: ...
+    def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
+        """The examples ``indices`` of ``split`` as a batch dict: "image" (n, height, width, channels) float32
+        in [0, 1], "label" (n,) int32, plus any extra fields of the dataset. ``epoch`` may change the training
+        examples (fresh augmentation or canvases)."""
+        ...
 
 
 def check_split(dataset: ImageDataset, split: str) -> None:

@@ -254,6 +254,7 @@ class Cifar:
         self._labels = {"train": train_labels[:cut], "val": train_labels[cut:], "test": test_labels}
 
     def split_size(self, split: str) -> int:
+        """Examples in ``split`` ("train", "val", "test"; val is empty when ``val_size=0``); ValueError otherwise."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
         return len(self._labels[split])

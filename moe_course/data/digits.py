@@ -58,6 +58,7 @@ class DigitsConfig:
                    stroke_length=resize(base.stroke_length, 1), **overrides)
 
     def validate(self) -> None:
+        """Raises ValueError naming the field, its value and what is allowed; returns None when valid."""
         if self.image_size < 12:
             raise ValueError(f"image_size={self.image_size} is too small; use at least 12 pixels")
         lo, hi = self.digit_size
@@ -173,6 +174,8 @@ class ClutteredDigits:
         return out
 
     def split_size(self, split: str) -> int:
+        """Canvases in ``split``: one per glyph for train, ``eval_copies`` per glyph for val and test; ValueError
+        for another split."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
         copies = 1 if split == "train" else self.config.eval_copies

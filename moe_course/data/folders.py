@@ -134,6 +134,7 @@ class ImageFolder:
                 self._files[split], self._labels[split] = _scan_split(root / split, class_index)
 
     def split_size(self, split: str) -> int:
+        """Image files in ``split`` ("train", "val" or "test"); ValueError for another split."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
         return len(self._files[split])

@@ -46,6 +46,7 @@ class VMoE(ViT):
         return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c, block), rngs=rngs)
 
     def moe_layers(self) -> list[SparseMoE]:
+        """The SparseMoE layers, in block order (``config.moe_blocks()``)."""
         return [block.mlp for block in self.blocks if isinstance(block.mlp, SparseMoE)]
 
 

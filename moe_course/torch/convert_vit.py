@@ -340,8 +340,8 @@ def to_hf_state_dict(model: ViT, *, layout: str = "auto") -> dict[str, "torch.Te
 
     Keys ``vit.*`` and ``classifier.*`` (no pooler), in ``layout``: "modular" (transformers 5.x modules),
     "legacy" (transformers 4.x modules and checkpoint files), or "auto" = the installed transformers'
-    layout (:func:`installed_layout`), so the result loads with ``hf_model.load_state_dict(...,
-    strict=True)``. Values are CPU torch tensors in transformers' layouts (conv weight OIHW, Linear weight
+    layout (:func:`installed_layout`), so the result loads with
+    ``hf_model.load_state_dict(..., strict=True)``. Values are CPU torch tensors in transformers' layouts (conv weight OIHW, Linear weight
     (out, in)), in the parameters' dtype (float32), copies not sharing memory with ``model``.
     Raises ValueError for an unknown layout or a config transformers cannot express (pool other than
     "cls", representation_size set). Needs torch.

@@ -51,6 +51,7 @@ class RunCheckpoints:
         )
 
     def latest_step(self) -> int | None:
+        """The newest checkpoint step on disk, or None when there is none."""
         return self._manager.latest_step()
 
     def steps(self) -> list[int]:
@@ -142,4 +143,5 @@ class RunCheckpoints:
             )
 
     def close(self) -> None:
+        """Waits for pending asynchronous checkpoint writes and releases the manager."""
         self._manager.close()

@@ -31,6 +31,8 @@ class MultiHeadAttention(torch.nn.Module):
         self.query, self.key, self.value, self.out = (linear(width, width) for _ in range(4))
 
     def forward(self, x: torch.Tensor, *, return_attention: bool = False):
+        """x: (batch, tokens, width) -> (batch, tokens, width); with ``return_attention`` also the attention
+        weights (batch, heads, tokens, tokens), softmax over the last axis (ViT Eq. 2-3)."""
         b, t, w = x.shape
         split = lambda y: y.reshape(b, t, self.heads, w // self.heads)  # noqa: E731
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))

@@ -27,6 +27,8 @@ class EncoderBlock(torch.nn.Module):
         self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None, return_attention: bool = False):
+        """x: (batch, tokens, width) -> (y, attention weights or None, MoEOutput of the MLP or None for a dense
+        one); y has x's shape. ``generator`` draws router noise and dropout in ``.train()`` mode."""
         h = self.attn(self.norm1(x), return_attention=return_attention)
         h, weights = h if return_attention else (h, None)
         x = x + self.drop(h)

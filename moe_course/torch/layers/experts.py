@@ -26,6 +26,7 @@ class Experts(torch.nn.Module):
         self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, buffers: torch.Tensor) -> torch.Tensor:
+        """buffers: (groups, experts, capacity, width) -> the same shape; expert e's MLP on its slots."""
         h = torch.einsum("gecd,edh->gech", buffers, self.fc1_kernel) + self.fc1_bias[None, :, None]
         h = self.drop(F.gelu(h))
         return torch.einsum("gech,ehd->gecd", h, self.fc2_kernel) + self.fc2_bias[None, :, None]

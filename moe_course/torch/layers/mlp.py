@@ -16,4 +16,5 @@ class MLP(torch.nn.Module):
         self.fc1, self.fc2 = linear(width, hidden), linear(hidden, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., width) -> (..., width): fc2(GELU(fc1(x))), exact (erf) GELU as in the JAX twin."""
         return self.fc2(F.gelu(self.fc1(x)))

@@ -49,6 +49,9 @@ class MoDBlock(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, *, previous_attention: torch.Tensor | None = None,
                 generator: torch.Generator | None = None, return_attention: bool = False):
+        """x: (batch, tokens, width) -> (y, attention weights or None, MoDRecord). The block runs on the
+        selected tokens only; the others pass through unchanged (A-MoD Eq. 1-2). Attention routing needs
+        ``previous_attention`` (batch, heads, tokens, tokens), else ValueError."""
         if self.router_kind == "standard":
             scores = standard_router_scores(x, self.router.weight)
         else:

@@ -49,6 +49,9 @@ class SparseMoE(torch.nn.Module):
 
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None,
                 noise: torch.Tensor | None = None) -> MoEOutput:
+        """x: (batch, tokens, width) -> MoEOutput (output of x's shape, aux loss, routing record), routed in
+        groups of ``group_size`` images (V-MoE Sec. 2). ``noise``: the router's standard-normal draw
+        (groups, group tokens, experts), else drawn from ``generator`` in ``.train()`` mode."""
         batch, tokens, width = x.shape
         check_group_size(batch, self.group_size)
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)

@@ -33,6 +33,8 @@ class SoftMoE(torch.nn.Module):
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout)
 
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> MoEOutput:
+        """x: (batch, tokens, width) -> MoEOutput (output of x's shape, zero aux loss, SoftRoutingRecord);
+        Soft MoE Eq. 1-3 per image."""
         routing = soft_routing(x, self.phi, self.scale)
         y = apply_soft_experts(x, routing, self.experts, self.num_experts)
         record = SoftRoutingRecord(routing.dispatch_weights, routing.combine_weights)

@@ -28,6 +28,8 @@ class MoDViT(ViT):
 
     def forward(self, images: torch.Tensor, *, generator: torch.Generator | None = None,
                 return_attention: bool = False) -> ModelOutput:
+        """images: (batch, channels, height, width) -> ModelOutput: logits (batch, classes), a zero aux loss,
+        attention weights per block (if asked) and one MoDRecord per MoD block."""
         c = self.config
         routed_on_maps = {i - 1 for i in c.mod_blocks()} if c.router == "attention" else set()
         x = self.embed(images)

@@ -25,4 +25,5 @@ class SoftMoEViT(VMoE):
                        expert_dropout=c.expert_dropout)
 
     def moe_layers(self) -> list:
+        """The SoftMoE layers in block order (the SparseMoE layers when ``config.router == "sparse"``)."""
         return [block.mlp for block in self.blocks if isinstance(block.mlp, SoftMoE)] or super().moe_layers()

@@ -22,6 +22,7 @@ class PatchEmbed(torch.nn.Module):
         torch.nn.init.zeros_(self.proj.bias)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """images: (batch, channels, height, width) -> patch embeddings (batch, patches, width)."""
         return self.proj(images).flatten(2).transpose(1, 2)
 
 
@@ -83,6 +84,8 @@ class ViT(torch.nn.Module):
 
     def forward(self, images: torch.Tensor, *, generator: torch.Generator | None = None,
                 return_attention: bool = False) -> ModelOutput:
+        """images: (batch, channels, height, width) -> ModelOutput: logits (batch, classes), the aux loss of
+        ``reduce_aux_losses`` (0 for a dense ViT), attention weights per block (if asked), routing records."""
         x = self.embed(images)
         maps, routing, aux_losses = [], [], []
         for block in self.blocks:

@@ -30,4 +30,5 @@ class VMoE(ViT):
         return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c, block))
 
     def moe_layers(self) -> list[SparseMoE]:
+        """The SparseMoE layers, in block order (``config.moe_blocks()``)."""
         return [block.mlp for block in self.blocks if isinstance(block.mlp, SparseMoE)]

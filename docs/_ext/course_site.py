@@ -1,0 +1,330 @@
+"""Sphinx extension of the course website: finds the chapters and library packages, adds to every chapter page
+how to open it in JupyterLab and links to the API pages of what it imports, and replaces widget outputs
+(which need a live kernel) by a note.
+
+Nothing here lists chapters or packages by hand: every ``chapters/NN_slug.py`` becomes a page under
+``chapters/`` and every package or module of ``moe_course`` an API page, so a new chapter or subpackage appears
+on the next build. A chapter the toctree misses, or an import a chapter makes that has no API entry, fails a
+strict build (``-n -W``).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+from pathlib import Path
+
+import jupytext
+import nbformat
+from docutils import nodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
+
+REPO = Path(__file__).resolve().parents[2]
+CHAPTER_GLOB = "[0-9][0-9]_*.py"
+# API pages in the order data flows through the library (DESIGN.md); packages not named here follow,
+# alphabetically, so a new subpackage needs no edit.
+API_ORDER = ["data", "configs", "routing", "layers", "models", "train", "parallel", "analysis", "viz", "torch"]
+WIDGET_NOTE = ("This control moves only with a running Jupyter kernel (open the chapter in JupyterLab, see the "
+               "top of this page); on this page the figure below is drawn at its starting value.")
+
+
+def chapter_files(repo: Path = REPO) -> list[Path]:
+    """Every chapter, ``chapters/NN_slug.py``, sorted by number."""
+    return sorted((repo / "chapters").glob(CHAPTER_GLOB))
+
+
+def execution_excludes(setting: str) -> list[str]:
+    """myst-nb ``nb_execution_excludepatterns`` for ``MOE_COURSE_SITE_EXECUTE``: ``all`` runs every chapter,
+    ``none`` none, a comma-separated list of chapter stems (``02_moe_layer,05_soft_moe``) only those.
+
+    Raises ValueError naming the setting for a stem that is not a chapter."""
+    setting = setting.strip()
+    stems = [path.stem for path in chapter_files()]
+    if setting == "all":
+        return []
+    if setting == "none":
+        return ["*"]
+    wanted = [s.strip() for s in setting.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in stems]
+    if unknown or not wanted:
+        raise ValueError(f"MOE_COURSE_SITE_EXECUTE={setting!r} is not allowed; use 'all', 'none' or chapter stems "
+                         f"separated by commas, from: {', '.join(stems)}")
+    return [f"*/chapters/{stem}.py" for stem in stems if stem not in wanted]
+
+
+def api_packages() -> list[str]:
+    """The top-level packages and modules of ``moe_course``, one API page each, in reading order."""
+    import moe_course
+
+    names = [info.name for info in pkgutil.iter_modules(moe_course.__path__)]
+    return sorted(names, key=lambda n: (API_ORDER.index(n) if n in API_ORDER else len(API_ORDER), n))
+
+
+def _modules_under(name: str) -> list[str]:
+    """``moe_course.<name>`` and, for a package, every module below it (imported, so errors surface here)."""
+    module = importlib.import_module(f"moe_course.{name}")
+    found = [module.__name__]
+    if hasattr(module, "__path__"):
+        found += sorted(info.name for info in pkgutil.walk_packages(module.__path__, prefix=module.__name__ + "."))
+    return found
+
+
+def _api_page(name: str) -> str:
+    """reStructuredText of one API page: the package's docstring and what it exports, then every module below
+    it with its members. Each object is documented once, in the module that defines it; a package's exports
+    link there."""
+    modules = _modules_under(name)
+    package = importlib.import_module(modules[0])
+    title = f"moe_course.{name}"
+    # :ignore-module-all: documents only what a module defines itself, never its re-exports.
+    lines = [title, "=" * len(title), "", f".. automodule:: {modules[0]}", "   :ignore-module-all:", ""]
+    exported = getattr(package, "__all__", [])
+    if exported and len(modules) > 1:
+        links = []
+        for attribute in exported:
+            role, target = _target(getattr(package, attribute), package.__name__)
+            links.append(f":{role}:`{attribute} <{target}>`" if target != package.__name__ else f"``{attribute}``")
+        lines += [f"Import these from ``{package.__name__}``: " + ", ".join(links) + ".", ""]
+    for module in modules[1:]:
+        lines += [module, "-" * len(module), "", f".. automodule:: {module}", "   :ignore-module-all:", ""]
+    return "\n".join(lines)
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:  # unchanged files keep their mtime: no rebuild
+        path.write_text(text)
+
+
+def generate_sources(docs: Path) -> None:
+    """Link every chapter into ``docs/chapters/`` and write ``docs/api/*.rst``; remove stale generated files."""
+    chapters_dir, api_dir = docs / "chapters", docs / "api"
+    chapters_dir.mkdir(exist_ok=True)
+    api_dir.mkdir(exist_ok=True)
+    chapters = chapter_files()
+    for stale in chapters_dir.iterdir():
+        if stale.name not in {c.name for c in chapters}:
+            stale.unlink()
+    for chapter in chapters:
+        link = chapters_dir / chapter.name
+        target = os.path.relpath(chapter, chapters_dir)
+        if not (link.is_symlink() and os.readlink(link) == target):
+            link.unlink(missing_ok=True)
+            link.symlink_to(target)
+    pages = api_packages()
+    for stale in api_dir.glob("*.rst"):
+        if stale.stem not in pages + ["index"]:
+            stale.unlink()
+    for name in pages:
+        _write_if_changed(api_dir / f"{name}.rst", _api_page(name))
+    index = ["API reference", "=============", "",
+             "Generated from the docstrings of the ``moe_course`` library: shapes, dtypes, errors and the paper",
+             "section each function implements. Each page holds one package, module by module.", "",
+             ".. toctree::", "   :maxdepth: 1", ""] + [f"   {name}" for name in pages]
+    _write_if_changed(api_dir / "index.rst", "\n".join(index) + "\n")
+
+
+def _code_of(cell) -> str:
+    # IPython magics and shell escapes are not Python; they import nothing from the library.
+    return "\n".join(line for line in cell.source.splitlines() if not line.lstrip().startswith(("%", "!")))
+
+
+def _target(obj, imported_from: str) -> tuple[str, str]:
+    """(role, target) of the API entry documenting ``obj``: where it is defined, not where it was imported from."""
+    if inspect.ismodule(obj):
+        return "py:mod", obj.__name__
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if module and qualname and module.startswith("moe_course") and (inspect.isclass(obj) or callable(obj)):
+        return "py:obj", f"{module}.{qualname}"
+    return "py:mod", imported_from  # a constant (a dict of presets, a tuple of names): its module's page
+
+
+def library_uses(notebook) -> dict[str, list[tuple[str, str, str]]]:
+    """What a chapter takes from ``moe_course``: {module imported from: [(name, role, target), ...]}, found by
+    parsing its code cells. Raises SyntaxError for a code cell that is not Python."""
+    uses: dict[str, dict[str, tuple[str, str]]] = {}
+    aliases: dict[str, str] = {}  # local name -> library module
+
+    def add(module_name, attribute):
+        obj = getattr(importlib.import_module(module_name), attribute)
+        uses.setdefault(module_name, {})[attribute] = _target(obj, module_name)
+
+    trees = [ast.parse(_code_of(cell)) for cell in notebook.cells if cell.cell_type == "code"]
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "moe_course":
+            for alias in node.names:
+                obj = getattr(importlib.import_module(node.module), alias.name)
+                if inspect.ismodule(obj):
+                    aliases[alias.asname or alias.name] = obj.__name__
+                add(node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "moe_course" and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in (n for tree in trees for n in ast.walk(tree)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            module_name = aliases[node.value.id]
+            if hasattr(importlib.import_module(module_name), node.attr):
+                add(module_name, node.attr)
+    return {module: [(name, *uses[module][name]) for name in sorted(uses[module])] for module in sorted(uses)}
+
+
+def _markdown_cell(lines: list[str]):
+    return nbformat.v4.new_markdown_cell("\n".join(lines))
+
+
+def chapter_cells(stem: str, notebook) -> tuple[object, object]:
+    """The two cells added to a chapter's page: how to open it in JupyterLab (after the title cell) and
+    links to the API of everything it imports from the library (at the end)."""
+    path = f"chapters/{stem}.py"
+    run = _markdown_cell([
+        "````{admonition} Run this chapter yourself in JupyterLab",
+        ":class: tip",
+        f"This page is `{path}`, executed. In a clone of the repository, after the install of "
+        "{doc}`/install`, start JupyterLab on the chapters:",
+        "",
+        "```bash",
+        "jupyter lab chapters/",
+        "```",
+        "",
+        f"then right-click `{stem}.py` in the file browser and choose *Open With -> Notebook*. Without "
+        f"JupyterLab, `jupytext --to ipynb {path}` writes a notebook for any Jupyter front end. "
+        f"Sliders and other widgets move only there. The library functions this chapter uses are listed "
+        f"{{ref}}`at the end <api-used-{stem}>`.",
+        "````",
+    ])
+    lines = [f"(api-used-{stem})=", "## Library API used in this chapter", "",
+             "Everything this chapter imports from `moe_course`, linked to its entry in the {doc}`/api/index`:", ""]
+    for module, entries in library_uses(notebook).items():
+        links = ", ".join(f"{{{role}}}`{name} <{target}>`" for name, role, target in entries)
+        lines.append(f"- `{module}`: {links}")
+    return run, _markdown_cell(lines)
+
+
+def add_chapter_cells(app, docname: str, source: list[str]) -> None:
+    """``source-read``: put the JupyterLab instructions and the API links into a chapter's notebook text."""
+    if not docname.startswith("chapters/"):
+        return
+    notebook = jupytext.reads(source[0], fmt="py:percent")
+    stem = docname.split("/", 1)[1]
+    run, api = chapter_cells(stem, notebook)
+    first_markdown = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "markdown"), -1)
+    notebook.cells.insert(first_markdown + 1, run)
+    notebook.cells.append(api)
+    source[0] = jupytext.writes(notebook, fmt="py:percent")
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
+_LITERAL = re.compile(r"(``.+?``|:\w+:`[^`]+`)")  # inline code and roles: left as written
+_TABLE_BORDER = re.compile(r"^=+( +=+)+$")
+
+
+def _escape(text: str) -> str:
+    """Plain text for reStructuredText: ``|``, ``*`` and a trailing ``_`` would start substitutions,
+    emphasis and references; inline code (double backquotes) and roles stay markup."""
+    parts = _LITERAL.split(text)
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"(\w)_\b", r"\1\\_", re.sub(r"([\\|*])", r"\\\1", parts[i]))
+    return "".join(parts)
+
+
+def plain_text_docstring(app, what, name, obj, options, lines: list[str]) -> None:
+    """``autodoc-process-docstring``: the library's docstrings are plain text, laid out by hand (a shape per
+    line, hanging indents, lists right under a sentence, tables of ``=`` borders). Show them as written:
+    each line as a line of a reStructuredText line block (indentation kept), tables and ``::`` examples as
+    preformatted blocks; inline code in double backquotes and roles still render. So no docstring needs
+    reStructuredText care to pass the strict build."""
+    out: list[str] = []
+    literal_indent, table_borders = None, 0
+    for line in lines:
+        if table_borders:  # inside a table: preformatted until its closing border (the third)
+            out.append("    " + line)
+            table_borders += bool(_TABLE_BORDER.match(line.strip()))
+            if table_borders == 3:
+                table_borders = 0
+                out.append("")
+            continue
+        if literal_indent is not None:  # the indented example after "::"
+            if not line.strip() or _indent(line) > literal_indent:
+                out.append(line)
+                continue
+            literal_indent = None
+            out.append("")
+        if not line.strip():
+            out.append("")
+        elif _TABLE_BORDER.match(line.strip()):
+            out += ["", "::", "", "    " + line]
+            table_borders = 1
+        elif line.rstrip().endswith("::"):
+            out += ["", "| " + " " * _indent(line) + _escape(line.strip()[:-2]) + ":", "", "::", ""]
+            literal_indent = _indent(line)
+        else:
+            out.append("| " + " " * _indent(line) + _escape(line.strip()))
+    lines[:] = out
+
+
+def skip_namedtuple_fields(app, what, name, obj, skip, options):
+    """``autodoc-skip-member``: a NamedTuple's fields are documented in its docstring; Python's generated
+    "Alias for field number 0" entries would only repeat their names."""
+    if (getattr(obj, "__doc__", None) or "").startswith("Alias for field number"):
+        return True
+    return None
+
+
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
+
+
+def qualify_annotations(app, what, name, obj, options, signature, return_annotation):
+    """``autodoc-process-signature``: a string annotation Python cannot evaluate here (it names a type imported
+    only for type checkers) stays as written, so ``ViT`` would be ambiguous between the JAX and PyTorch
+    classes. Write each library class by its full name, as the module's own globals resolve it."""
+    module = inspect.getmodule(obj)
+    if module is None or not module.__name__.startswith("moe_course"):
+        return None
+
+    def full(match):
+        value = vars(module).get(match.group(0))
+        if inspect.isclass(value) and value.__module__.startswith("moe_course"):
+            return f"{value.__module__}.{value.__qualname__}"
+        return match.group(0)
+
+    return (_NAME.sub(full, signature) if signature else signature,
+            _NAME.sub(full, return_annotation) if return_annotation else return_annotation)
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+class WidgetNote(SphinxPostTransform):
+    """Replace each widget output (a slider, ...) by a note: on a static page it cannot move, and its
+    JavaScript would come from a CDN. The figure the widget drives is a separate output and stays, drawn at
+    the widget's starting value. Runs before myst-nb picks one mime type per output (its priority 4)."""
+
+    default_priority = 3
+
+    def run(self, **kwargs) -> None:
+        for bundle in list(self.document.findall(nodes.container)):
+            if bundle.get("nb_element") != "mime_bundle":
+                continue
+            kinds = {child.get("mime_type"): child for child in bundle.children}
+            if WIDGET_VIEW not in kinds:
+                continue
+            text = kinds["text/plain"].astext().strip() if "text/plain" in kinds else "a widget"
+            note = nodes.note("", nodes.paragraph("", "", nodes.literal(text, text)),
+                              nodes.paragraph("", WIDGET_NOTE))
+            bundle.replace_self(note)
+
+
+def setup(app):
+    app.connect("source-read", add_chapter_cells)
+    app.connect("autodoc-process-docstring", plain_text_docstring)
+    app.connect("autodoc-process-signature", qualify_annotations)
+    app.connect("autodoc-skip-member", skip_namedtuple_fields)
+    app.add_post_transform(WidgetNote)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

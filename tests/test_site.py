@@ -1,0 +1,208 @@
+"""The course website (docs/, README "The website") builds strictly and works in a real browser.
+
+One build serves every test: ``sphinx-build -n -W --keep-going`` (any warning fails it: a broken cross
+reference, a docstring reStructuredText cannot read, a page missing from the table of contents), with only
+chapter 2 executed (``MOE_COURSE_SITE_EXECUTE``; about a minute on two cores) and the other chapters rendered
+without outputs. Headless Chromium (Debian's package, driven over the DevTools protocol by playwright) then
+loads pages from a static server on 127.0.0.1.
+"""
+
+import functools
+import html
+import http.server
+import os
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jupytext
+import pytest
+
+pytest.importorskip("myst_nb", reason="the website needs the docs extra: pip install -e '.[docs]'")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "docs" / "_ext"))
+import course_site  # noqa: E402  (docs/_ext/course_site.py)
+from test_chapters import CHAPTERS, FIGURES  # noqa: E402
+
+EXECUTED = "02_moe_layer"  # the cheapest chapter
+CHROMIUM = os.environ.get("MOE_COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "MOE_COURSE_SITE_EXECUTE": EXECUTED}
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-b", "html", "-n", "-W", "--keep-going", "-q", "docs", str(out / "html"),
+         "-d", str(out / "doctrees"), "-D", f"nb_execution_cache_path={out / 'jupyter_cache'}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, f"site build failed:\n{result.stderr[-8000:]}"
+    return out / "html"
+
+
+def _html(site: Path, page: str) -> str:
+    return (site / page).read_text(encoding="utf-8")
+
+
+def _text(site: Path, page: str) -> str:
+    """A page's text as a reader sees it (tags removed, entities decoded)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", _html(site, page)))
+
+
+def test_every_chapter_is_a_page_in_the_table_of_contents(site):
+    index = _html(site, "index.html")
+    assert CHAPTERS
+    for chapter in CHAPTERS:
+        assert (site / "chapters" / f"{chapter.stem}.html").is_file(), chapter.stem
+        assert f'href="chapters/{chapter.stem}.html"' in index, f"{chapter.stem} is not in the index's toctree"
+
+
+def test_every_library_package_has_an_api_page(site):
+    import moe_course
+
+    packages = {info.name for info in pkgutil.iter_modules(moe_course.__path__)}
+    assert {"routing", "layers", "models", "train", "analysis", "torch"} <= packages
+    api_index = _html(site, "api/index.html")
+    for name in packages:
+        page = _html(site, f"api/{name}.html")
+        assert f'href="{name}.html"' in api_index, name
+        assert f'id="module-moe_course.{name}"' in page, name
+
+
+def test_api_pages_hold_docstrings_with_shapes(site):
+    page = _html(site, "api/routing.html")
+    assert 'id="moe_course.routing.router.top_k_routing"' in page
+    assert "(groups, tokens, k) int32" in page  # RouterOutput's documented shapes, rendered
+    assert "Batch Prioritized Routing" in page
+
+
+def test_chapter_pages_say_how_to_open_them_and_link_the_api_they_use(site):
+    for chapter in CHAPTERS:
+        page, text = _html(site, f"chapters/{chapter.stem}.html"), _text(site, f"chapters/{chapter.stem}.html")
+        assert "Run this chapter yourself in JupyterLab" in text, chapter.stem
+        assert "jupyter lab chapters/" in text and f"jupytext --to ipynb chapters/{chapter.stem}.py" in text
+        uses = course_site.library_uses(jupytext.read(chapter))
+        assert uses, f"{chapter.stem} imports nothing from moe_course?"
+        for entries in uses.values():
+            for name, role, target in entries:
+                anchor = f"module-{target}" if role == "py:mod" else target
+                assert re.search(rf'href="\.\./api/\w+\.html#{re.escape(anchor)}"', page), (
+                    f"{chapter.stem}: no link to the API entry of {name} ({target})")
+
+
+def test_the_executed_chapter_shows_its_figures_as_images(site):
+    page = _html(site, f"chapters/{EXECUTED}.html")
+    sources = re.findall(r'<img[^>]+src="\.\./(_images/[^"]+\.png)"', page)
+    assert len(sources) >= FIGURES[EXECUTED], sources
+    for source in sources:
+        assert (site / source).stat().st_size > 1000, source
+    assert 'class="output stream highlight-myst-ansi notranslate"' in page or "cell_output" in page
+
+
+def test_a_widget_output_becomes_a_note():
+    """On a static page a slider cannot move: its output (a mime bundle holding the widget view) becomes a note
+    that says so; other outputs are left alone."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from docutils.utils import new_document
+
+    def bundle(**outputs):
+        node = nodes.container(nb_element="mime_bundle")
+        for mime_type, text in outputs.items():
+            node += nodes.container("", nodes.literal_block(text, text), mime_type=mime_type)
+        return node
+
+    document = new_document("chapter")
+    slider = "FloatSlider(value=0.25, description='C', max=1.5, min=0.05, step=0.05)"
+    document += bundle(**{"text/plain": slider, course_site.WIDGET_VIEW: '{"model_id": "abc"}'})
+    document += bundle(**{"text/plain": "<Figure size 640x480 with 2 Axes>", "image/png": "..."})
+    course_site.WidgetNote.run(SimpleNamespace(document=document))
+    notes = list(document.findall(nodes.note))
+    assert len(notes) == 1 and slider in notes[0].astext() and course_site.WIDGET_NOTE in notes[0].astext()
+    assert [c["mime_type"] for c in document.children[1].children] == ["text/plain", "image/png"]
+
+
+def test_a_chapter_that_fails_names_itself_and_its_cell(tmp_path):
+    """A chapter whose cell raises fails the build, and the message names the chapter and the cell."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("_build", "chapters", "api"))
+    shutil.copy(ROOT / "README.md", tmp_path)
+    (tmp_path / "chapters").mkdir()
+    (tmp_path / "chapters" / "01_broken.py").write_text(
+        "# %% [markdown]\n# # Broken\n\n# %%\nx = 1\n\n# %%\nraise RuntimeError('the claim no longer holds')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-b", "html", "-q", "docs", "html", "-D",
+         f"nb_execution_cache_path={tmp_path / 'cache'}", "-D", "exclude_patterns=_build,_ext,conf.py,api/*"],
+        cwd=tmp_path, env={**os.environ, "MOE_COURSE_SITE_EXECUTE": "all"}, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    assert "01_broken" in message and "raise RuntimeError('the claim no longer holds')" in message, message[-4000:]
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"Chromium not found at {CHROMIUM} (Debian: apt-get install chromium; or set MOE_COURSE_CHROMIUM)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    with sync_api.sync_playwright() as playwright:
+        profile = tmp_path_factory.mktemp("chromium-profile")
+        context = playwright.chromium.launch_persistent_context(
+            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 900})
+        yield context
+        context.close()
+
+
+def _loaded_images(page) -> list[int]:
+    page.wait_for_load_state("load")
+    return page.evaluate("[...document.images].map(img => img.complete ? img.naturalWidth : 0)")
+
+
+def test_browser_loads_the_index_and_a_chapter_with_its_figures(server, browser, tmp_path):
+    page = browser.new_page()
+    page.goto(f"{server}/index.html")
+    assert page.title().startswith("moe-course"), page.title()
+    assert all(width > 0 for width in _loaded_images(page))
+    page.goto(f"{server}/chapters/{EXECUTED}.html")
+    assert page.title().startswith("Chapter 2"), page.title()
+    widths = _loaded_images(page)
+    page.screenshot(path=str(tmp_path / "chapter.png"))
+    assert len(widths) >= FIGURES[EXECUTED] and all(width > 0 for width in widths), widths
+    page.close()
+
+
+def test_browser_search_finds_the_chapter(server, browser):
+    page = browser.new_page()
+    page.goto(f"{server}/index.html")
+    page.keyboard.press("Control+k")  # the theme's search dialog, as a reader opens it
+    query = page.locator("input[name='q']:visible").first
+    query.fill("Batch Prioritized Routing")
+    query.press("Enter")
+    page.wait_for_url("**/search.html?q=*")
+    hit = page.locator("#search-results a[href*='chapters/03_vmoe_bpr.html']").first
+    hit.wait_for(timeout=30_000)
+    assert "Chapter 3" in hit.inner_text()
+    page.close()

@@ -63,6 +63,7 @@ class LIMoEConfig(VMoEConfig):
 
     @property
     def is_dense(self) -> bool:
+        """True for the dense one-tower baseline (placement "none": no MoE layer)."""
         return self.placement == "none"
 
     def moe_blocks(self) -> tuple[int, ...]:
@@ -97,6 +98,7 @@ class LIMoEConfig(VMoEConfig):
 
     @property
     def taus(self) -> dict[str, float | None]:
+        """{modality: global-entropy threshold tau or None}, as ``routing.multimodal_aux_losses`` takes them."""
         return {"image": self.image_tau, "text": self.text_tau}
 
 

@@ -81,12 +81,14 @@ class FilePolicy:
         return os.path.realpath(os.fspath(path))
 
     def may_read(self, path) -> bool:
+        """True unless ``path`` lies in a protected folder (course folder, solutions) outside the submission's own."""
         resolved = self._resolve(path)
         if resolved is None or self._inside(resolved, self.home):
             return True
         return not any(self._inside(resolved, p) for p in self.protected)
 
     def may_write(self, path) -> bool:
+        """True only inside the submission's folder (and for os.devnull)."""
         resolved = self._resolve(path)
         return resolved is None or self._inside(resolved, self.home) or resolved == os.devnull
 
@@ -147,6 +149,7 @@ class ModuleSnapshot:
             self.modules[name] = (module, namespace, _functions(namespace), classes)
 
     def restore(self) -> None:
+        """Put every snapshotted module, its functions and its classes' attributes back as they were taken."""
         for name, (module, namespace, functions, classes) in self.modules.items():
             if sys.modules.get(name) is not module:
                 sys.modules[name] = module

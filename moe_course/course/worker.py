@@ -70,6 +70,7 @@ def summarise_error(log: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s)."""
     course_dir, assignment, student, cell_timeout, memory, cpu = (sys.argv[1:] if argv is None else argv)
     limits = Limits(cell_timeout=int(cell_timeout), memory_bytes=int(memory), cpu_seconds=int(cpu))
     record = grade_submission(Path(course_dir), assignment, student, limits)

@@ -126,9 +126,11 @@ class ImageCaptions:
 
     @property
     def seq_len(self) -> int:
+        """Text tokens per caption (the tokenizer's sequence length)."""
         return self.tokenizer.seq_len
 
     def split_size(self, split: str) -> int:
+        """Number of image-caption pairs in ``split``; ValueError for an unknown split."""
         if split not in SPLITS:
             raise ValueError(f"split={split!r} is not allowed; use one of {', '.join(SPLITS)}")
         return len(self._files[split])

@@ -52,9 +52,11 @@ class CaptionedDigits:
 
     @property
     def seq_len(self) -> int:
+        """Text tokens per caption (the tokenizer's sequence length)."""
         return self.tokenizer.seq_len
 
     def split_size(self, split: str) -> int:
+        """Number of pairs in ``split`` (one per canvas of the digits split)."""
         return self.digits.split_size(split)
 
     def captions_for(self, split: str, indices: np.ndarray, labels: np.ndarray, boxes: np.ndarray, *,

@@ -114,6 +114,7 @@ class LIMoE(nnx.Module):
                              joint=c.joint_aux_losses, **sparse_moe_settings(c, block), rngs=rngs)
 
     def moe_layers(self) -> list[MultimodalMoE]:
+        """The MoE layers, in block order (empty for the dense one-tower model)."""
         return [block.mlp for block in self.blocks if isinstance(block.mlp, MultimodalMoE)]
 
     def _inputs(self, images, text, text_mask) -> tuple[list[jax.Array], list[jax.Array]]:

@@ -1,5 +1,6 @@
 """Scale-out: device meshes, sharding rules, expert parallelism by all-to-all, and multi-host start-up."""
 
+from moe_course.parallel.distributed import distributed_settings, initialize
 from moe_course.parallel.expert_parallel import (
     all_to_all_bytes, all_to_all_elements, apply_experts_parallel, check_groups, exchange,
 )
@@ -7,6 +8,7 @@ from moe_course.parallel.mesh import (
     AXES, DATA, EXPERT, axis_size, batch_axes, batch_shards, check_experts, default_mesh_sizes, format_mesh,
     make_mesh, mesh_sizes, parse_mesh_spec,
 )
+from moe_course.parallel.training import check_mesh_fits, shard_training_state
 from moe_course.parallel.sharding import (
     annotate, batch_sharding, expert_module_paths, named_shardings, param_partition_specs, put, put_tree,
     replicated, shard_batch, shard_model, state_shardings, use_mesh,
@@ -14,7 +16,8 @@ from moe_course.parallel.sharding import (
 
 __all__ = [
     "AXES", "DATA", "EXPERT", "all_to_all_bytes", "all_to_all_elements", "annotate", "apply_experts_parallel",
-    "axis_size", "batch_axes", "batch_sharding", "batch_shards", "check_experts", "check_groups",
+    "axis_size", "batch_axes", "batch_sharding", "batch_shards", "check_experts", "check_groups", "check_mesh_fits",
+    "distributed_settings", "initialize", "shard_training_state",
     "default_mesh_sizes", "exchange", "expert_module_paths", "format_mesh", "make_mesh", "mesh_sizes",
     "named_shardings", "param_partition_specs", "parse_mesh_spec", "put", "put_tree", "replicated",
     "shard_batch", "shard_model", "state_shardings", "use_mesh",

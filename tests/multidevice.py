@@ -18,15 +18,29 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_cases(devices: int, *args: str, timeout: float = 300, env: dict | None = None) -> dict:
+def start_cases(devices: int, *args: str) -> subprocess.Popen:
+    """Start ``python tests/multidevice.py *args`` with ``devices`` simulated CPU devices."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    return subprocess.Popen([sys.executable, str(Path(__file__)), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+
+
+def report_of(process: subprocess.Popen, timeout: float = 600) -> dict:
+    """Wait for a process of ``start_cases``; its JSON report (a dict). AssertionError with its stderr if it failed."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise AssertionError(f"{' '.join(process.args[1:])} timed out after {timeout} s:\n{err[-4000:]}")
+    if process.returncode:
+        raise AssertionError(f"{' '.join(process.args[1:])} failed:\n{err[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def run_cases(devices: int, *args: str, timeout: float = 600) -> dict:
     """Run ``python tests/multidevice.py *args`` with ``devices`` CPU devices; its JSON report (a dict)."""
-    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", **(env or {}),
-                "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-    done = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=ROOT)
-    if done.returncode:
-        raise AssertionError(f"multidevice.py {' '.join(args)} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return report_of(start_cases(devices, *args), timeout)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -53,7 +67,7 @@ def tiny_vmoe(**changes):
 def tiny_train_config(steps: int = 20, **changes):
     from moe_course.train import TrainConfig
 
-    return TrainConfig(**{**dict(steps=steps, batch_size=16, learning_rate=3e-3, warmup_steps=2, log_every=1,
+    return TrainConfig(**{**dict(steps=steps, batch_size=16, learning_rate=1e-2, warmup_steps=2, log_every=1,
                                  eval_every=0, checkpoint_every=0, eval_batch_size=16), **changes})
 
 
@@ -102,7 +116,7 @@ def case_layer() -> dict:
                     same_routing=bool(jnp.array_equal(o1.routing.expert_index, o2.routing.expert_index)
                                       and jnp.array_equal(o1.routing.served, o2.routing.served)),
                     dropped=float(1 - o1.routing.served.mean()),
-                    expert_spec=str(layer.experts.fc1_kernel[...].sharding.spec),
+                    expert_spec=list(layer.experts.fc1_kernel[...].sharding.spec),
                     shards=len(layer.experts.fc1_kernel[...].addressable_shards),
                     shard_shape=list(layer.experts.fc1_kernel[...].addressable_shards[0].data.shape),
                     all_to_all="all-to-all" in jax.jit(lambda x: layer(x).output).lower(xs).compile().as_text(),
@@ -131,8 +145,9 @@ def case_specs() -> dict:
         model = parallel.shard_model(build_model(config, rngs=nnx.Rngs(0)), mesh)
         params = nnx.state(model, nnx.Param)
         flat = {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(params)}
-        specs = {"/".join(map(str, path)): str(spec) for path, spec in nnx.to_flat_state(nnx.get_partition_spec(params))}
-        report[family] = {path: dict(spec=specs[path], placed=str(v[...].sharding.spec), shape=list(v[...].shape))
+        specs = {"/".join(map(str, path)): list(getattr(spec, "value", spec))  # a Param holding a PartitionSpec
+                 for path, spec in nnx.to_flat_state(nnx.get_partition_spec(params))}
+        report[family] = {path: dict(spec=specs[path], placed=list(v[...].sharding.spec), shape=list(v[...].shape))
                           for path, v in flat.items()}
     return {"specs": report}
 
@@ -168,8 +183,8 @@ def case_resume(workdir: str, mesh: str | None = None) -> dict:
 
 
 def case_multihost(coordinator: str, num_processes: int, process_id: int, steps: int) -> dict:
-    """One process of a multi-host run: join ``jax.distributed`` (gloo CPU collectives), train on a mesh of
-    every process's devices (experts spread over all processes)."""
+    """One process of a multi-host run: join ``jax.distributed`` (gloo CPU collectives), train the 20-step run
+    of ``case_train`` up to ``steps`` on a mesh of every process's devices (experts spread over all processes)."""
     from moe_course import parallel
 
     parallel.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
@@ -177,24 +192,17 @@ def case_multihost(coordinator: str, num_processes: int, process_id: int, steps:
 
     from moe_course.train import train
 
-    mesh = parallel.make_mesh(f"data=2,expert={jax.device_count() // 2}")
-    result = train(tiny_vmoe(), tiny_digits(), tiny_train_config(steps), progress=False, mesh=mesh)
+    mesh = parallel.make_mesh(f"expert={jax.device_count()}")  # the expert axis spans the processes
+    result = train(tiny_vmoe(), tiny_digits(), tiny_train_config(), progress=False, mesh=mesh, stop_after=steps)
     return {"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
             "local_devices": jax.local_device_count(), "losses": losses(result.history)}
-
-
-def case_single(steps: int) -> dict:
-    """The one-device reference of ``case_multihost``."""
-    from moe_course.train import train
-
-    return {"losses": losses(train(tiny_vmoe(), tiny_digits(), tiny_train_config(steps), progress=False).history)}
 
 
 def main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("cases", nargs="+", choices=["layer", "specs", "train", "resume", "multihost", "single"])
+    parser.add_argument("cases", nargs="+", choices=["layer", "specs", "train", "resume", "multihost"])
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--mesh", default=None)
     parser.add_argument("--coordinator", default=None)
@@ -213,10 +221,8 @@ def main(argv: list[str]) -> None:
             report.update(case_train(args.workdir))
         elif case == "resume":
             report.update(case_resume(args.workdir, args.mesh))
-        elif case == "multihost":
-            report.update(case_multihost(args.coordinator, args.num_processes, args.process_id, args.steps))
         else:
-            report.update(case_single(args.steps))
+            report.update(case_multihost(args.coordinator, args.num_processes, args.process_id, args.steps))
     print(json.dumps(report))
 
 

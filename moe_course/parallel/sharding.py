@@ -136,3 +136,18 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
     rest = put_tree(rest, replicated(mesh))
     nnx.update(model, params, rest)
     return model
+
+
+def expert_and_shared_params(model_config) -> tuple[int, int]:
+    """(parameters inside Experts modules, all other parameters) of ``build_model(model_config)``, counted from
+    shapes only (nothing allocated). On a mesh with an expert axis of n devices, a device holds
+    ``shared + expert / n`` parameters (4 bytes each in float32; Adam's two moments triple it in training)."""
+    import math
+
+    from moe_course.models import build_model
+
+    abstract = nnx.eval_shape(lambda: build_model(model_config, rngs=nnx.Rngs(0)))
+    total = sum(math.prod(v.shape) for v in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    experts = sum(math.prod(v.shape) for _, node in nnx.iter_graph(abstract) if isinstance(node, Experts)
+                  for v in jax.tree.leaves(nnx.state(node, nnx.Param)))
+    return experts, total - experts

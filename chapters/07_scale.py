@@ -113,9 +113,9 @@ plt.show()
 model = build_model(config, rngs=nnx.Rngs(0))
 single_model = nnx.clone(model)  # the one-device twin, same weights
 parallel.shard_model(model, mesh)
-specs = nnx.to_flat_state(nnx.get_partition_spec(nnx.state(model, nnx.Param)))
-params = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-split = {"/".join(map(str, path)): spec for path, spec in specs if any(spec)}
+specs = list(parallel.annotated_specs(model).items())  # read back through nnx.get_partition_spec
+params = {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+split = {path: spec for path, spec in specs if any(spec)}
 print(f"{len(specs)} parameter arrays; split over the expert axis: {len(split)}")
 for name, spec in list(split.items())[:4]:
     print(f"  {name}: {spec}")
@@ -135,7 +135,7 @@ fig, ax = plt.subplots(figsize=(8, 6))
 ax.imshow(held, aspect="auto", cmap="Blues", vmin=0, vmax=1)
 ax.set(xticks=range(8), xlabel="device", yticks=range(len(names)),
        title="fraction of each parameter stored on each device (1 = a full copy)")
-ax.set_yticklabels(["/".join(map(str, p))[-38:] for p in names], fontsize=6)
+ax.set_yticklabels([p[-38:] for p in names], fontsize=6)
 plt.show()
 assert all(held[i].min() == 1 for i, (_, s) in enumerate(specs) if not any(s))  # replicated: a full copy each
 assert all(np.allclose(held[i], 1 / n_expert) for i, (_, s) in enumerate(specs) if any(s))  # experts: 1/4 each
@@ -229,9 +229,10 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 moe = model.blocks[1].mlp
 sharded_groups = parallel.put(groups, parallel.batch_sharding(mesh, 3))
 hlo = jax.jit(lambda g: parallel.apply_experts_parallel(g, allocation, moe.experts, mesh)).lower(sharded_groups).compile().as_text()
-exchanges = [line for line in hlo.splitlines() if re.search(r"\ball-to-all(-start)?\(", line) and "=" in line]
-sizes = [sum(np.prod([int(d) for d in dims.split(",") if d]) for dims in re.findall(r"f32\[([\d,]*)\]", line.split("all-to-all")[0]))
-         for line in exchanges]
+exchanges = [m.group(1) for m in re.finditer(r"= (\(?[^=]*?\)?) all-to-all(?:-start)?\(", hlo)]
+# each instruction's result: a tuple of n pieces, piece j for expert column j (the device's own piece stays)
+sizes = [sum(int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"f32\[([\d,]*)\]", shape))
+         for shape in exchanges]
 measured = int(sum(sizes) * 4 * (n_expert - 1) / n_expert)
 formula = parallel.all_to_all_bytes(G // 8, E, B, D, n_expert)
 print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent per device: {measured} bytes; "

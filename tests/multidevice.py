@@ -25,7 +25,7 @@ def start_cases(devices: int, *args: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
 
-def report_of(process: subprocess.Popen, timeout: float = 600) -> dict:
+def report_of(process: subprocess.Popen, timeout: float = 1800) -> dict:
     """Wait for a process of ``start_cases``; its JSON report (a dict). AssertionError with its stderr if it failed."""
     try:
         out, err = process.communicate(timeout=timeout)
@@ -38,7 +38,7 @@ def report_of(process: subprocess.Popen, timeout: float = 600) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def run_cases(devices: int, *args: str, timeout: float = 600) -> dict:
+def run_cases(devices: int, *args: str, timeout: float = 1800) -> dict:
     """Run ``python tests/multidevice.py *args`` with ``devices`` CPU devices; its JSON report (a dict)."""
     return report_of(start_cases(devices, *args), timeout)
 
@@ -145,8 +145,7 @@ def case_specs() -> dict:
         model = parallel.shard_model(build_model(config, rngs=nnx.Rngs(0)), mesh)
         params = nnx.state(model, nnx.Param)
         flat = {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(params)}
-        specs = {"/".join(map(str, path)): list(getattr(spec, "value", spec))  # a Param holding a PartitionSpec
-                 for path, spec in nnx.to_flat_state(nnx.get_partition_spec(params))}
+        specs = {path: list(spec) for path, spec in parallel.annotated_specs(model).items()}
         report[family] = {path: dict(spec=specs[path], placed=list(v[...].sharding.spec), shape=list(v[...].shape))
                           for path, v in flat.items()}
     return {"specs": report}

@@ -77,7 +77,7 @@ def test_two_processes_with_gloo_train_like_one(eight_devices):
         port = s.getsockname()[1]
     args = ["multihost", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--steps", "5"]
     processes = [start_cases(4, *args, "--process-id", str(i)) for i in range(2)]
-    reports = [report_of(p, timeout=300) for p in processes]
+    reports = [report_of(p, timeout=900) for p in processes]
     single = eight_devices[0]["single"]
     for i, r in enumerate(reports):
         assert (r["process"], r["processes"], r["devices"], r["local_devices"]) == (i, 2, 8, 4)

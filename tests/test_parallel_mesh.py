@@ -62,3 +62,14 @@ def test_distributed_settings_from_flags_then_environment():
         distributed_settings(coordinator_address="node0", environ={})
     with pytest.raises(ValueError, match=r"^JAX_NUM_PROCESSES='many': num_processes must be"):
         distributed_settings(environ={"JAX_NUM_PROCESSES": "many"})
+
+
+def test_cli_refuses_a_mesh_that_does_not_fit_in_one_line(capsys, tmp_path):
+    from moe_course.cli import main
+
+    code = main(["train", "vmoe", "--preset", "digits-tiny-moe", "--mesh", "data=2,expert=2", "--workdir",
+                 str(tmp_path / "run"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert err.startswith("moe-course train: error: mesh='data=2,expert=2' has 4 devices, but 1 are visible")
+    assert not (tmp_path / "run").exists()  # refused before anything was written or compiled

@@ -66,6 +66,14 @@ def annotate(model: nnx.Module, mesh: Mesh) -> nnx.Module:
     return model
 
 
+def annotated_specs(model: nnx.Module) -> dict[str, P]:
+    """{"blocks/1/mlp/experts/fc1_kernel": PartitionSpec, ...}: each parameter's spec as Flax NNX reads it from
+    the sharding metadata (``nnx.get_partition_spec``; written by ``annotate``). Unannotated: all None."""
+    specs = nnx.to_flat_state(nnx.get_partition_spec(nnx.state(model, nnx.Param)))
+    unwrap = lambda spec: spec.get_value() if isinstance(spec, nnx.Variable) else spec  # noqa: E731
+    return {"/".join(map(str, path)): unwrap(spec) for path, spec in specs}
+
+
 def named_shardings(specs: Any, mesh: Mesh) -> Any:
     """A tree of PartitionSpecs -> the same tree of ``NamedSharding(mesh, spec)``."""
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, P))

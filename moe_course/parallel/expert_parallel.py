@@ -64,7 +64,8 @@ def apply_experts_parallel(x: jax.Array, allocation: Allocation, experts: Expert
     every mesh axis). allocation: its ``Allocation`` (same groups). experts: the layer's ``Experts``, whose
     weights have leading axis E, split over ``expert`` (``parallel.shard_model``). key: for expert dropout in
     training (masks drawn per device, so they differ from a one-device run; without dropout the output equals
-    the one-device layer's). group_size: images per routing group (for the error message). Returns (groups, tokens, dim_out), laid out like x.
+    the one-device layer's). group_size: images per routing group (for the error message).
+    Returns (groups, tokens, dim_out), laid out like x.
     Raises ValueError naming ``batch`` when the groups do not split over the devices, and naming
     ``num_experts`` when the experts do not split over the expert axis.
     """

@@ -25,8 +25,10 @@ def _preset_list() -> str:
             if getattr(cfg, "router", "sparse") == "soft":
                 line += (f"; Soft MoE in blocks {list(cfg.moe_blocks())}: {cfg.num_experts} experts x "
                          f"{cfg.slots_per_expert} slot(s)")
-            elif hasattr(cfg, "num_experts"):
+            elif hasattr(cfg, "num_experts") and cfg.moe_blocks():
                 line += f"; MoE in blocks {list(cfg.moe_blocks())}: {cfg.num_experts} experts, k={cfg.k}"
+            if hasattr(cfg, "seq_len"):
+                line += f"; one tower with {cfg.seq_len}-token captions"
             lines.append(line)
     return "presets:\n" + "\n".join(lines)
 
@@ -166,16 +168,45 @@ def _adapted_model(init_from: str, model_config):
 
 
 def _add_data_args(parser: argparse.ArgumentParser, datasets) -> None:
-    parser.add_argument("--dataset", default="digits", choices=datasets, help="default: the embedded digits")
+    parser.add_argument("--dataset", default=None, choices=datasets,
+                        help="default: the embedded digits (digits-captions, with captions, for limoe)")
     parser.add_argument("--data-dir", default=None, help="archive or folder of a full-scale dataset")
+
+
+def _dataset_name(args, model_config) -> str:
+    """--dataset, or the embedded digits for the model: with captions for an image-text (LIMoE) model."""
+    from moe_course.train.objectives import CONTRASTIVE, objective_for
+
+    if args.dataset is not None:
+        return args.dataset
+    return "digits-captions" if objective_for(model_config) is CONTRASTIVE else "digits"
+
+
+def _test_metrics(model, dataset, split: str, batch_size: int) -> dict:
+    """The evaluation summary: accuracy and loss of a classifier; for an image-text model zero-shot accuracy
+    (prompt ensembling), retrieval recall@1/@5 both ways and, with MoE layers, per-modality success rates."""
+    from moe_course.train import evaluate
+    from moe_course.train.objectives import CONTRASTIVE, objective_for
+
+    if objective_for(model.config) is not CONTRASTIVE:
+        metrics = evaluate(model, dataset, split, batch_size=batch_size)
+        return {f"{split}_accuracy": round(metrics["accuracy"], 4), f"{split}_loss": round(metrics["loss"], 4)}
+    from moe_course.analysis.modality import measure_success_rates
+    from moe_course.analysis.zero_shot import evaluate_contrastive
+
+    metrics = evaluate_contrastive(model, dataset, split, batch_size=batch_size)
+    if model.moe_layers():
+        metrics.update(measure_success_rates(model, dataset, split, batch_size=batch_size))
+    return {f"{split}_{k.replace('/', '_')}": round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}
 
 
 def _train(args) -> dict:
     from moe_course.configs import get_preset
     from moe_course.data import load_dataset
     from moe_course.recipes import recipe_for
-    from moe_course.train import evaluate, report_devices, train
     import jax
+
+    from moe_course.train import report_devices, train
 
     model_config = get_preset(args.model, args.preset)
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
@@ -193,8 +224,10 @@ def _train(args) -> dict:
         if v is not None
     }
     train_config = recipe.replace(**overrides)
-    dataset = load_dataset(args.dataset, args.data_dir, image_size=model_config.image_size, seed=args.seed)
-    model_config = model_config.replace(channels=dataset.image_shape[2], num_classes=dataset.num_classes)
+    dataset = load_dataset(_dataset_name(args, model_config), args.data_dir, image_size=model_config.image_size,
+                           seed=args.seed)
+    classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
+    model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
     init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
@@ -202,29 +235,30 @@ def _train(args) -> dict:
         print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
                    init_model=init_model, mesh=mesh)
-    metrics = evaluate(result.model, dataset, "test", batch_size=train_config.eval_batch_size)
+    metrics = _test_metrics(result.model, dataset, "test", train_config.eval_batch_size)
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
-            "test_accuracy": round(metrics["accuracy"], 4), "test_loss": round(metrics["loss"], 4)}
+            **metrics}
 
 
 def _evaluate(args) -> dict:
     from moe_course.data import load_dataset
-    from moe_course.train import evaluate
-    from moe_course.models import with_routing
+    from moe_course.models import LIMoE, with_routing
     from moe_course.train.restore import load_run
 
     run = load_run(args.workdir)
     routing = _routing_overrides(args, _model_kind(run.model_config))
     if routing:
         with_routing(run.model, **routing)
-    dataset = load_dataset(args.dataset, args.data_dir, image_size=run.model_config.image_size)
+    dataset = load_dataset(_dataset_name(args, run.model_config), args.data_dir,
+                           image_size=run.model_config.image_size)
     summary = {"workdir": args.workdir, "step": run.step, "split": args.split, **routing}
     batch_size = run.train_config.eval_batch_size
     if args.framework != "torch":
-        metrics = evaluate(run.model, dataset, args.split, batch_size=batch_size)
-        summary.update({f"{args.split}_accuracy": round(metrics["accuracy"], 4),
-                        f"{args.split}_loss": round(metrics["loss"], 4)})
+        summary.update(_test_metrics(run.model, dataset, args.split, batch_size))
     if args.framework != "jax":
+        if isinstance(run.model, LIMoE):
+            raise ValueError(f"--framework {args.framework} is not available for LIMoE (no PyTorch twin yet); "
+                             f"use --framework jax")
         try:
             from moe_course.torch.convert import to_torch
             from moe_course.torch.evaluate import evaluate as evaluate_torch

@@ -131,7 +131,7 @@ def case_specs() -> dict:
     from flax import nnx
 
     from moe_course import parallel
-    from moe_course.configs import MoDConfig, SoftMoEConfig, ViTConfig
+    from moe_course.configs import MoDConfig, SoftMoEConfig, ViTConfig, get_preset
     from moe_course.models import build_model
 
     mesh = parallel.make_mesh("data=2,expert=4")
@@ -140,6 +140,7 @@ def case_specs() -> dict:
     configs = {"vit": ViTConfig(**backbone), "vmoe": tiny_vmoe(), "mod": MoDConfig(**backbone)}
     soft_fields = {f.name for f in dataclasses.fields(SoftMoEConfig)}
     configs["soft_moe"] = SoftMoEConfig(**{k: v for k, v in backbone.items() if k in soft_fields}, num_experts=8)
+    configs["limoe"] = get_preset("limoe", "digits-limoe")  # every model family on main
     report = {}
     for family, config in configs.items():
         model = parallel.shard_model(build_model(config, rngs=nnx.Rngs(0)), mesh)

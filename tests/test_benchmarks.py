@@ -60,7 +60,15 @@ def test_soft_moe_benchmark():
     assert len(sweep) == 6 and all(_is_number(field) for field in sweep)
 
 
-@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py", "soft_moe.py"])
+def test_limoe_benchmark():
+    out = _run("limoe.py", "--quick")
+    assert "limoe/dense: FLOPs" in out
+    for name in ("dense", "limoe"):
+        row = _row(out, "MFLOPs/pair", name)
+        assert len(row) == 3 and all(_is_number(field) for field in row[1:])
+
+
+@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py", "soft_moe.py", "limoe.py"])
 def test_benchmark_help(script):
     assert _run_help(script).startswith("usage:")
 

@@ -68,3 +68,32 @@ def test_mod_adapts_a_trained_vit_and_refuses_mismatches(tmp_path, capsys):
     assert "capacity=1.5 is not allowed" in _error_line(capsys)
     assert main(["train", "vit", "--preset", "digits-tiny", "--router", "standard"] + small) == 2
     assert "--router applies to mod runs" in _error_line(capsys)
+
+
+def test_limoe_train_then_evaluate_prints_zero_shot_retrieval_and_success(tmp_path, capsys):
+    argv = ["train", "limoe", "--preset", "digits-limoe", "--image-size", "16", "--batch-size", "16", "--steps", "2",
+            "--warmup-steps", "1", "--workdir", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for key in ("test_zero_shot_accuracy:", "test_i2t_recall@1:", "test_t2i_recall@5:", "test_success_text_layer0:",
+                "test_success_image_layer1:"):
+        assert key in out, key
+    assert main(["evaluate", "--workdir", str(tmp_path), "--split", "val"]) == 0
+    assert "val_zero_shot_accuracy:" in capsys.readouterr().out
+    assert main(argv[:4] + ["--dataset", "digits", "--steps", "2", "--warmup-steps", "1"]) == 2
+    assert "has no captions" in _error_line(capsys)
+
+
+def test_limoe_on_a_caption_file_that_does_not_match_the_images_is_a_one_line_error(tmp_path, capsys):
+    from PIL import Image
+
+    for split in ("train", "val"):
+        (tmp_path / split).mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / split / "a.png")
+        (tmp_path / f"{split}.tsv").write_text("a.png\ta red square\nb.png\ta blue square\n", encoding="utf-8")
+    argv = ["train", "limoe", "--preset", "digits-limoe", "--dataset", "captions", "--data-dir", str(tmp_path),
+            "--steps", "1", "--warmup-steps", "1", "--workdir", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 2
+    line = _error_line(capsys)
+    assert str(tmp_path / "train" / "b.png") in line and "the caption file does not match" in line
+    assert not (tmp_path / "run").exists()

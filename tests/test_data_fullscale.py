@@ -405,7 +405,7 @@ def test_image_folder_corrupt_image_fails_when_read(tmp_path):
 
 
 def test_registry(tmp_path):
-    assert DATASETS == ("digits", "cifar10", "cifar100", "imagefolder")
+    assert DATASETS == ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions")
     digits = load_dataset("digits", image_size=40, seed=3)
     assert isinstance(digits, ClutteredDigits) and digits.image_shape == (40, 40, 1) and digits.config.seed == 3
 
@@ -422,7 +422,7 @@ def test_registry(tmp_path):
 def test_registry_errors(tmp_path):
     with pytest.raises(ValueError, match="'mnist' is not known; use one of digits, cifar10, cifar100, imagefolder"):
         load_dataset("mnist")
-    for name in ("cifar10", "cifar100", "imagefolder"):
+    for name in ("cifar10", "cifar100", "imagefolder", "captions"):
         with pytest.raises(DataError, match=f"'{name}' needs its files: pass --data-dir"):
             load_dataset(name)
     with pytest.raises(DataError, match="takes no path"):

@@ -61,3 +61,20 @@ def test_representation_layer_and_errors():
     assert flops_breakdown(config)["head"] == 2 * 8 * 5 + 2 * 5 * 3
     with pytest.raises(ValueError, match="heads=3"):
         flops_per_image(ViTConfig(**{**BACKBONE, "heads": 3}))
+
+
+def test_one_tower_pair_hand_count():
+    # 4 patches + 4 text positions = T = 8 tokens per pair, D = 8, H = 16, embed_dim 5; MoE in block 1 with
+    # E = 2, k = 1, C = 1, groups of 2 pairs = 16 tokens -> B = 8 slots per expert: 8 expert slots per pair.
+    from moe_course.configs import LIMoEConfig
+
+    limoe = LIMoEConfig(**{**BACKBONE, "num_classes": 10}, num_experts=2, k=1, capacity_ratio=1.0, moe_last_n=1,
+                        placement="last-n", group_size=2, seq_len=4, vocab_size=50, embed_dim=5)
+    attention = 8 * 8 * 8 * 8 + 4 * 8 * 8 * 8  # projections 8 T D^2 + the two T x T products 4 T^2 D
+    expected = {"embed": 1024, "attention": 2 * attention, "mlp": 4 * 8 * 8 * 16,
+                "moe": 2 * 8 * 8 * 2 + 8 * 4 * 8 * 16 + 2 * 8 * 1 * 8, "head": 2 * 2 * 8 * 5}
+    assert flops_breakdown(limoe) == expected
+    dense = limoe.replace(placement="none")
+    assert flops_breakdown(dense) == {**expected, "mlp": 2 * 4 * 8 * 8 * 16, "moe": 0}
+    # C = 1, k = 1: the experts do one dense MLP's work, so the two differ only by the router and the combine.
+    assert flops_per_image(limoe) - flops_per_image(dense) == 2 * 8 * 8 * 2 + 2 * 8 * 8

@@ -18,12 +18,20 @@ What each family adds to a block, for T tokens of width D and an MLP of hidden s
   output ``C Y~`` ``2 T S D`` (Eq. 1-3 of Puigcerver et al.).
 - Mixture-of-Depths (A-MoD): an MoD block runs its attention and MLP on K = round(C T) tokens only, plus a
   standard router's ``2 T D`` (attention routing averages maps that already exist: no matrix product).
+- LIMoE and the dense one-tower model (``LIMoEConfig``): counted per image-text PAIR, whose T = P + L tokens
+  (P patches, L = seq_len text positions, padding included: it runs through attention and dense MLPs, and
+  the expert buffers are sized for it) share one encoder sequence. Attention is counted over all T tokens,
+  as the implementation computes it (a block-diagonal mask keeps the modalities apart; separate towers
+  would skip the 2 * 2 * 2 P L D cross products). The token embedding is a lookup (0 FLOPs); the head is
+  the two linear projections to ``embed_dim``, ``2 * 2 D embed_dim``; the similarity matrix of the loss is
+  left out (it depends on the batch, not the model).
 """
 
 from __future__ import annotations
 
 import warnings
 
+from moe_course.configs.limoe import LIMoEConfig
 from moe_course.configs.mod import MoDConfig
 from moe_course.configs.soft_moe import SoftMoEConfig
 from moe_course.configs.vit import ViTConfig, backbone_of
@@ -41,9 +49,14 @@ def attention_flops(tokens: int, width: int) -> int:
     return 4 * 2 * tokens * width * width + 2 * 2 * tokens * tokens * width
 
 
+def tokens_per_example(config: ViTConfig) -> int:
+    """Encoder tokens per example: an image's ``num_tokens``, or an image-text pair's P + seq_len for LIMoE."""
+    return config.num_patches + config.seq_len if isinstance(config, LIMoEConfig) else config.num_tokens
+
+
 def sparse_moe_flops(config: VMoEConfig) -> int:
-    """One SparseMoE block's FLOPs per image (router + full expert buffers + combine), see the module docstring."""
-    t, d, e = config.num_tokens, config.width, config.num_experts
+    """One SparseMoE block's FLOPs per example (router + full expert buffers + combine), see the module docstring."""
+    t, d, e = tokens_per_example(config), config.width, config.num_experts
     with warnings.catch_warnings():  # the count uses whatever integer capacity the layer uses
         warnings.simplefilter("ignore", CapacityRoundingWarning)
         capacity = expert_capacity(config.k, config.group_size * t, config.capacity_ratio, e,
@@ -68,12 +81,12 @@ def flops_breakdown(config: ViTConfig) -> dict[str, int]:
     """Forward FLOPs per image by part: {"embed", "attention", "mlp", "moe", "head"} (all blocks summed).
 
     config: a ViTConfig (dense ViT), VMoEConfig (V-MoE: Tokens or Experts Choice by ``allocation``),
-    SoftMoEConfig (router "soft" or "sparse") or MoDConfig. "mlp" covers the dense blocks' MLPs (an MoD block's
-    on its kept tokens, with its router), "moe" the MoE blocks.
-    Raises ValueError (from validate) for an invalid config.
+    SoftMoEConfig (router "soft" or "sparse"), MoDConfig, or LIMoEConfig (per image-text pair; "head" = the two
+    projections). "mlp" covers the dense blocks' MLPs (an MoD block's on its kept tokens, with its router),
+    "moe" the MoE blocks. Raises ValueError (from validate) for an invalid config.
     """
     config.validate()
-    t, d = config.num_tokens, config.width
+    t, d = tokens_per_example(config), config.width
     moe_blocks = set(config.moe_blocks()) if isinstance(config, VMoEConfig) else set()
     if isinstance(config, SoftMoEConfig) and config.router == "soft":
         moe_block = soft_moe_flops(config)
@@ -86,6 +99,8 @@ def flops_breakdown(config: ViTConfig) -> dict[str, int]:
     router = 2 * t * d if mod_blocks and config.router == "standard" else 0
     head_in = config.representation_size or d
     head = 2 * head_in * config.num_classes + (2 * d * head_in if config.representation_size else 0)
+    if isinstance(config, LIMoEConfig):
+        head = 2 * 2 * d * config.embed_dim
     return {
         "embed": 2 * config.num_patches * config.patch_size ** 2 * config.channels * d,
         "attention": (config.depth - mod_blocks) * attention_flops(t, d) + mod_blocks * attention_flops(kept, d),
@@ -97,7 +112,8 @@ def flops_breakdown(config: ViTConfig) -> dict[str, int]:
 
 
 def flops_per_image(config: ViTConfig) -> int:
-    """Total forward FLOPs per image of the model ``config`` describes (sum of ``flops_breakdown``)."""
+    """Total forward FLOPs per image (per image-text pair for LIMoE) of the model ``config`` describes (sum of
+    ``flops_breakdown``)."""
     return sum(flops_breakdown(config).values())
 
 

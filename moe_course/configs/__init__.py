@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 
+from moe_course.configs.limoe import LIMOE_PRESETS, LIMoEConfig
 from moe_course.configs.mod import MOD_PRESETS, MoDConfig
 from moe_course.configs.soft_moe import SOFT_MOE_PRESETS, SoftMoEConfig
 from moe_course.configs.vit import VIT_PRESETS, ViTConfig
 from moe_course.configs.vmoe import VMOE_PRESETS, VMoEConfig
 
-PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS, "soft-moe": SOFT_MOE_PRESETS, "mod": MOD_PRESETS}
-CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig, "soft-moe": SoftMoEConfig, "mod": MoDConfig}
+PRESETS = {"vit": VIT_PRESETS, "vmoe": VMOE_PRESETS, "soft-moe": SOFT_MOE_PRESETS, "mod": MOD_PRESETS,
+           "limoe": LIMOE_PRESETS}
+CONFIG_TYPES = {"vit": ViTConfig, "vmoe": VMoEConfig, "soft-moe": SoftMoEConfig, "mod": MoDConfig,
+                "limoe": LIMoEConfig}
 
 
 def config_to_dict(config) -> dict:
@@ -47,5 +50,5 @@ def get_preset(family: str, name: str):
     return presets[key]
 
 
-__all__ = ["CONFIG_TYPES", "MOD_PRESETS", "MoDConfig", "PRESETS", "SOFT_MOE_PRESETS", "SoftMoEConfig", "VIT_PRESETS",
+__all__ = ["CONFIG_TYPES", "LIMOE_PRESETS", "LIMoEConfig", "MOD_PRESETS", "MoDConfig", "PRESETS", "SOFT_MOE_PRESETS", "SoftMoEConfig", "VIT_PRESETS",
            "VMOE_PRESETS", "VMoEConfig", "ViTConfig", "config_from_dict", "config_to_dict", "get_preset"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 
 from moe_course.data.base import DataError, ImageDataset
+from moe_course.data.caption_files import ImageCaptions
+from moe_course.data.captioned import CaptionedDigits
 from moe_course.data.cifar import Cifar
 from moe_course.data.digits import ClutteredDigits, DigitsConfig
 from moe_course.data.folders import ImageFolder
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder")
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions")
 
 
 def load_dataset(
@@ -18,6 +20,8 @@ def load_dataset(
     """The dataset ``name`` (one of ``DATASETS``).
 
     digits: the embedded cluttered digits (``path`` must be None; ``seed`` fixes the canvases).
+    digits-captions: the same canvases with captions and tokens (``CaptionedDigits``), for image-text models.
+    captions: an image-caption folder (``ImageCaptions``: COCO JSON or image<TAB>caption files).
     cifar10 / cifar100: ``path`` = the python archive or its extracted folder (see ``Cifar``); val = the last
     5000 training images. imagefolder: ``path`` = a ``train/`` + ``val/`` class-folder tree (see ``ImageFolder``).
     ``image_size`` (None: the dataset's own default -- 32, 32, 32, 224) sets the returned image side; ``seed``
@@ -29,14 +33,15 @@ def load_dataset(
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
-    if name == "digits":
+    if name in ("digits", "digits-captions"):
         if path is not None:
-            raise DataError(f"{path}: dataset 'digits' is embedded and takes no path; drop --data-dir")
-        if image_size is None:
-            return ClutteredDigits(DigitsConfig(seed=seed))
-        return ClutteredDigits(DigitsConfig.for_image_size(image_size, seed=seed))
+            raise DataError(f"{path}: dataset {name!r} is embedded and takes no path; drop --data-dir")
+        config = DigitsConfig(seed=seed) if image_size is None else DigitsConfig.for_image_size(image_size, seed=seed)
+        return ClutteredDigits(config) if name == "digits" else CaptionedDigits(ClutteredDigits(config))
     if path is None:
         raise DataError(f"dataset {name!r} needs its files: pass --data-dir (the path to them)")
     if name in ("cifar10", "cifar100"):
         return Cifar(path, variant=name, image_size=image_size or 32)
+    if name == "captions":
+        return ImageCaptions(path, image_size=image_size or 224)
     return ImageFolder(path, image_size=image_size or 224)

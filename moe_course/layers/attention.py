@@ -7,9 +7,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 
-def attention_weights(q: jax.Array, k: jax.Array) -> jax.Array:
-    """softmax(q k^T / sqrt(d)) per head. q, k: (batch, tokens, heads, head_dim) -> (batch, heads, q_tokens, k_tokens)."""
+def attention_weights(q: jax.Array, k: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """softmax(q k^T / sqrt(d)) per head. q, k: (batch, tokens, heads, head_dim) -> (batch, heads, q_tokens, k_tokens).
+    mask: (batch, q_tokens, k_tokens) bool or None; a query gives weight 0 to the keys it masks (False)."""
     scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+    if mask is not None:
+        scores = jnp.where(mask[:, None], scores, jnp.finfo(scores.dtype).min)
     return jax.nn.softmax(scores, axis=-1)
 
 
@@ -18,6 +21,9 @@ class MultiHeadAttention(nnx.Module):
 
     Call: x (batch, tokens, width) -> (batch, tokens, width); with ``return_attention=True`` also the
     attention maps (batch, heads, tokens, tokens), rows = queries, softmax over keys (each row sums to 1).
+    mask: (batch, tokens, tokens) bool or None -- which keys each query may attend to (LIMoE's one-tower
+    encoder keeps modalities apart and skips text padding with it). Every query row must allow at least
+    one key.
     """
 
     def __init__(self, width: int, heads: int, *, rngs: nnx.Rngs):
@@ -29,12 +35,13 @@ class MultiHeadAttention(nnx.Module):
         self.value = nnx.Linear(width, width, rngs=rngs)
         self.out = nnx.Linear(width, width, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, return_attention: bool = False):
+    def __call__(self, x: jax.Array, *, return_attention: bool = False, mask: jax.Array | None = None):
         b, t, w = x.shape
         split = lambda y: y.reshape(b, t, self.heads, w // self.heads)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         if not return_attention:  # XLA's fused attention: the maps are never materialised for the caller
-            return self.out(jax.nn.dot_product_attention(q, k, v).reshape(b, t, w))
-        weights = attention_weights(q, k)
+            heads_mask = None if mask is None else mask[:, None]
+            return self.out(jax.nn.dot_product_attention(q, k, v, mask=heads_mask).reshape(b, t, w))
+        weights = attention_weights(q, k, mask)
         y = self.out(jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, w))
         return y, weights

@@ -17,6 +17,9 @@ class EncoderBlock(nnx.Module):
 
     ``mlp``: None for the dense MLP of size ``mlp_dim``, or a module that returns an ``MoEOutput`` (V-MoE
     replaces the MLP of some blocks with a sparse MoE layer, Sec. 2.1).
+    attention_mask: (batch, tokens, tokens) bool or None, which keys each query sees. token_mask, modality:
+    (batch, tokens) bool / int or None, handed to an MoE ``mlp`` (padding takes no expert slot; LIMoE's
+    per-modality aux losses); a dense MLP treats every token alike.
     Returns (y, attention maps or None, MoEOutput or None).
     """
 
@@ -29,14 +32,16 @@ class EncoderBlock(nnx.Module):
         self.drop = nnx.Dropout(dropout)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
-                 return_attention: bool = False):
-        h = self.attn(self.norm1(x), return_attention=return_attention)
+                 return_attention: bool = False, attention_mask: jax.Array | None = None,
+                 token_mask: jax.Array | None = None, modality: jax.Array | None = None):
+        h = self.attn(self.norm1(x), return_attention=return_attention, mask=attention_mask)
         h, weights = h if return_attention else (h, None)
         x = x + self.drop(h, deterministic=deterministic, rngs=rngs)
         if isinstance(self.mlp, MLP):
             h, moe = self.mlp(self.norm2(x)), None
         else:
-            moe = self.mlp(self.norm2(x), deterministic=deterministic, rngs=rngs)
+            routing_args = {} if token_mask is None else {"token_mask": token_mask, "modality": modality}
+            moe = self.mlp(self.norm2(x), deterministic=deterministic, rngs=rngs, **routing_args)
             assert isinstance(moe, MoEOutput), type(moe)
             h = moe.output
         x = x + self.drop(h, deterministic=deterministic, rngs=rngs)

@@ -53,39 +53,57 @@ class RoutingRecord(NamedTuple):
 
 
 class MoEOutput(NamedTuple):
-    """output: (batch, tokens, width). aux_loss: scalar, weight * L_aux (0 for experts choice). routing: record."""
+    """output: (batch, tokens, width). aux_loss: scalar, weight * L_aux (0 for experts choice). routing: record.
+    aux_terms: the unweighted parts of the aux loss by name, where the layer reports them (LIMoE), else {}."""
 
     output: jax.Array
     aux_loss: jax.Array
     routing: RoutingRecord
+    aux_terms: dict = {}
 
 
-def route(routing, layer, logits, **noise):
+def route(routing, layer, logits, token_mask=None, **noise):
     """The routing step of a sparse MoE layer, written once for both frameworks: router -> capacity ->
-    allocation (V-MoE Sec. 2.3-2.4, App. C), and the weighted aux loss (App. A.2).
+    allocation (V-MoE Sec. 2.3-2.4, App. C).
 
     routing: the module of routing functions, ``moe_course.routing`` or its twin ``moe_course.torch.routing``
     (same names and arguments). layer: a ``SparseMoE`` of either framework (its routing settings are read).
-    logits: (groups, tokens, experts) float32 router logits. noise: that framework's noise argument (JAX
-    ``key=``, PyTorch ``noise=``); empty or None for no noise. Returns (allocation, aux loss = weight * L_aux,
-    or None for experts choice, which has no balancing loss). Without router noise (noise_std=0) the load
-    loss is undefined, so the aux loss is the importance loss alone.
+    logits: (groups, tokens, experts) float32 router logits. token_mask: (groups, tokens) bool or None; False
+    tokens (padding) take no buffer slot. noise: that framework's noise argument (JAX ``key=``, PyTorch
+    ``noise=``); empty or None for no noise. Returns (allocation, the noisy logits the top-k saw, or None for
+    experts choice, which has no balancing loss). Raises ValueError for a token mask with experts choice.
     """
     num_tokens = logits.shape[1]
     capacity = routing.expert_capacity(layer.k, num_tokens, layer.capacity_ratio, layer.num_experts,
                                        rounding=layer.capacity_rounding)
     if layer.allocation == "experts_choice":
+        if token_mask is not None:
+            raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
+                             "allocation ('vanilla', 'bpr', 'skip_patch')")
         probs = routing.router_probabilities(logits, noise_std=layer.noise_std, **noise)
         choice = routing.experts_choice_allocation(probs, capacity)
         return routing.experts_choice_as_allocation(choice, num_tokens), None
-    router = routing.top_k_routing(logits, layer.k, noise_std=layer.noise_std, order=layer.router_order, **noise)
+    keep = getattr(layer, "expert_keep", None)  # pruned experts (LIMoE App. E.4), set by models.pruned_experts
+    if keep is None:
+        router = routing.top_k_routing(logits, layer.k, noise_std=layer.noise_std, order=layer.router_order, **noise)
+    else:
+        router = routing.pruned_top_k_routing(logits, layer.k, keep, mode=layer.pruning_mode,
+                                              noise_std=layer.noise_std, **noise)
     keep = layer.skip_keep_fraction if layer.allocation == "skip_patch" else None
+    masked = {} if token_mask is None else {"token_mask": token_mask}
     routed = routing.allocate(router.expert_index, router.gates, capacity, layer.num_experts,
-                              method=layer.allocation, score=layer.priority, keep_fraction=keep)
+                              method=layer.allocation, score=layer.priority, keep_fraction=keep, **masked)
+    return routed, router.noisy_logits
+
+
+def vmoe_aux_loss(routing, layer, logits, noisy_logits, token_mask=None):
+    """weight * L_aux of V-MoE (App. A.2) over the kept tokens, for either framework (see ``route``).
+    Without router noise (noise_std=0) the load loss is undefined, so it is the importance loss alone."""
+    masked = {} if token_mask is None else {"mask": token_mask}
     if layer.noise_std == 0:
-        return routed, layer.aux_loss_weight * routing.importance_loss(logits)
-    losses = routing.auxiliary_losses(logits, router.noisy_logits, layer.k, noise_std=layer.noise_std)
-    return routed, layer.aux_loss_weight * losses.total
+        return layer.aux_loss_weight * routing.importance_loss(logits, **masked)
+    losses = routing.auxiliary_losses(logits, noisy_logits, layer.k, noise_std=layer.noise_std, **masked)
+    return layer.aux_loss_weight * losses.total
 
 
 class SparseMoE(nnx.Module):
@@ -93,6 +111,10 @@ class SparseMoE(nnx.Module):
 
     Call: x (batch, tokens, width) float32 -> MoEOutput. ``batch`` must be a multiple of ``group_size``
     (images per routing group); tokens compete for each expert's ``capacity`` slots only within their group.
+    token_mask: (batch, tokens) bool or None. False tokens (padding) take no expert buffer slot, come out
+    as 0 (the residual carries them on) and count in no aux loss; the capacity is still computed from all
+    token positions (it must be static). Not available with experts choice.
+    modality: (batch, tokens) int or None, passed to ``aux_loss`` (the multimodal layer needs it).
     Training (``deterministic=False`` with ``rngs``) adds router noise N(0, noise_std^2) and expert dropout;
     evaluation is deterministic. The routing settings (k, capacity_ratio, allocation, priority,
     skip_keep_fraction, dispatch) are plain attributes: change them on a trained layer (Sec. 3.1, App. E.4),
@@ -131,19 +153,34 @@ class SparseMoE(nnx.Module):
         self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
 
-    def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> MoEOutput:
+    def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
+                 token_mask: jax.Array | None = None, modality: jax.Array | None = None) -> MoEOutput:
         batch, tokens, width = x.shape
         check_group_size(batch, self.group_size)
+        for name, value in (("token_mask", token_mask), ("modality", modality)):
+            if value is not None and tuple(value.shape) != (batch, tokens):
+                raise ValueError(f"{name} has shape {tuple(value.shape)}; it must be (batch, tokens) = {(batch, tokens)}")
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)
+        as_groups = lambda a: None if a is None else a.reshape(groups.shape[:2])
         logits = self.router(groups).astype(jnp.float32)  # (G, N, E)
         bad = nonfinite_tokens(groups) | nonfinite_tokens(logits)  # (G, N)
         if self.check_finite:
             self._check(bad, tokens)
         key = rngs() if (not deterministic and rngs is not None) else None
-        routed, aux = route(routing, self, logits, key=key)
-        aux = jnp.zeros((), jnp.float32) if aux is None else aux
+        mask = as_groups(token_mask)
+        routed, noisy_logits = route(routing, self, logits, token_mask=mask, key=key)
+        if noisy_logits is None:
+            aux, terms = jnp.zeros((), jnp.float32), {}
+        else:
+            aux, terms = self.aux_loss(logits, noisy_logits, mask, as_groups(modality))
         y = jnp.where(bad[..., None], jnp.nan, self._apply_experts(groups, routed, deterministic, rngs))
-        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, RoutingRecord.of(routed))
+        return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, RoutingRecord.of(routed), terms)
+
+    def aux_loss(self, logits: jax.Array, noisy_logits: jax.Array, token_mask: jax.Array | None,
+                 modality: jax.Array | None) -> tuple[jax.Array, dict]:
+        """(weight * L_aux, {}) of V-MoE (App. A.2) over the kept tokens; arrays in routing groups (G, N[, E]).
+        Subclasses (LIMoE) override it and name their parts in the dict."""
+        return vmoe_aux_loss(routing, self, logits, noisy_logits, token_mask), {}
 
     def _apply_experts(self, groups: jax.Array, routed, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
         if self.mesh is not None and "expert" in self.mesh.axis_names:  # experts on several devices

@@ -4,17 +4,20 @@ from __future__ import annotations
 
 from flax import nnx
 
+from moe_course.configs.limoe import LIMoEConfig
 from moe_course.configs.mod import MoDConfig
 from moe_course.configs.vit import ViTConfig
 from moe_course.configs.soft_moe import SoftMoEConfig
 from moe_course.configs.vmoe import VMoEConfig
+from moe_course.models.limoe import LIMoE, ContrastiveOutput, limoe_param_count, pruned_experts
 from moe_course.models.mod import MoDViT, mod_from_vit, mod_param_count
 from moe_course.models.output import ModelOutput
 from moe_course.models.vit import ViT, count_params, patchify, truncated_vit, vit_param_count
 from moe_course.models.soft_moe import SoftMoEViT, soft_moe_param_count
 from moe_course.models.vmoe import VMoE, temporary_routing, vmoe_param_count, with_routing
 
-_MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE, SoftMoEConfig: SoftMoEViT, MoDConfig: MoDViT}
+_MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE, SoftMoEConfig: SoftMoEViT, MoDConfig: MoDViT,
+                     LIMoEConfig: LIMoE}
 
 
 def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
@@ -25,6 +28,6 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
     return cls(config, rngs=rngs)
 
 
-__all__ = ["MoDViT", "ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model", "count_params", "mod_from_vit",
-           "mod_param_count", "patchify", "soft_moe_param_count", "temporary_routing", "truncated_vit",
-           "vit_param_count", "vmoe_param_count", "with_routing"]
+__all__ = ["ContrastiveOutput", "LIMoE", "MoDViT", "ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model",
+           "count_params", "limoe_param_count", "mod_from_vit", "mod_param_count", "patchify", "pruned_experts", "soft_moe_param_count",
+           "temporary_routing", "truncated_vit", "vit_param_count", "vmoe_param_count", "with_routing"]

@@ -4,6 +4,8 @@ No Flax state and no imports from layers or models: the layers call these, the c
 step, and the tests compare them with the papers' literal loops. Data flows:
 ``top_k_routing`` (router.py) -> ``expert_capacity`` (capacity.py) -> ``allocate`` (allocation.py) ->
 ``dispatch`` / ``combine`` (dispatch.py), with ``auxiliary_losses`` (losses.py) on the router logits.
+LIMoE's per-modality entropy losses are in entropy.py, and their selection by name per modality, averaged
+into one auxiliary loss, in modality_losses.py; expert pruning for single-modality inference in pruning.py.
 Soft MoE (soft.py) replaces all of that with ``soft_routing`` -> ``apply_soft_experts``: dense dispatch and
 combine weights, no capacity and no dropped tokens.
 Mixture-of-Depths token selection (standard and attention routing) is in mod.py.
@@ -45,6 +47,17 @@ from moe_course.routing.dispatch import (
     gather_combine,
     gather_dispatch,
 )
+from moe_course.routing.entropy import (
+    check_tau,
+    entropy,
+    global_entropy_loss,
+    local_entropy,
+    local_entropy_loss,
+    marginal_probs,
+    merged_entropy_loss,
+    mutual_information_loss,
+    target_entropy_loss,
+)
 from moe_course.routing.losses import (
     AUX_LOSS_WEIGHT,
     AuxLosses,
@@ -53,8 +66,19 @@ from moe_course.routing.losses import (
     importance_per_expert,
     load_loss,
     load_per_expert,
+    router_z_loss,
     selection_probability,
     squared_coefficient_of_variation,
+)
+from moe_course.routing.modality_losses import (
+    JOINT_LOSSES,
+    LIMOE_AUX_WEIGHT,
+    MODALITIES,
+    PADDING,
+    PER_MODALITY_LOSSES,
+    MultimodalAuxLosses,
+    check_loss_names,
+    multimodal_aux_losses,
 )
 from moe_course.routing.soft import (
     NORM_EPS,
@@ -80,6 +104,12 @@ from moe_course.routing.mod import (
     scatter_update,
     standard_router_scores,
 )
+from moe_course.routing.pruning import (
+    PRUNING_MODES,
+    coverage_after_pruning,
+    pruned_top_k_routing,
+    pruning_order,
+)
 from moe_course.routing.router import (
     ORDERS,
     RouterOutput,
@@ -97,11 +127,18 @@ __all__ = [
     "CapacityRoundingWarning",
     "ExpertsChoice",
     "IMPLEMENTATIONS",
+    "JOINT_LOSSES",
+    "LIMOE_AUX_WEIGHT",
     "METHODS",
+    "MODALITIES",
     "MOD_ROUTERS",
     "MoDSelection",
+    "MultimodalAuxLosses",
     "NORM_EPS",
     "ORDERS",
+    "PADDING",
+    "PER_MODALITY_LOSSES",
+    "PRUNING_MODES",
     "RATIO_WARNING_TOLERANCE",
     "ROUNDINGS",
     "RouterOutput",
@@ -116,33 +153,47 @@ __all__ = [
     "auxiliary_losses",
     "batch_prioritized_allocation",
     "buffer_token_index",
+    "check_loss_names",
+    "check_tau",
     "combine",
     "combine_tensor",
+    "coverage_after_pruning",
     "default_noise_std",
     "dispatch",
     "dispatch_tensor",
     "effective_capacity_ratio",
     "einsum_combine",
     "einsum_dispatch",
+    "entropy",
     "expert_capacity",
     "experts_choice_allocation",
     "experts_choice_as_allocation",
     "gather_combine",
     "gather_dispatch",
     "gather_tokens",
+    "global_entropy_loss",
     "importance_loss",
     "importance_per_expert",
     "kept_tokens",
     "l2_normalize",
     "load_loss",
     "load_per_expert",
+    "local_entropy",
+    "local_entropy_loss",
+    "marginal_probs",
+    "merged_entropy_loss",
     "mod_capacity",
     "mod_gate",
     "mod_select",
+    "multimodal_aux_losses",
+    "mutual_information_loss",
     "nonfinite_tokens",
     "priority_scores",
+    "pruned_top_k_routing",
+    "pruning_order",
     "round_count",
     "router_probabilities",
+    "router_z_loss",
     "scatter_attention",
     "scatter_update",
     "selection_probability",
@@ -155,6 +206,7 @@ __all__ = [
     "soft_slots",
     "squared_coefficient_of_variation",
     "standard_router_scores",
+    "target_entropy_loss",
     "top_k_routing",
     "vanilla_allocation",
 ]

@@ -158,18 +158,21 @@ def allocate_in_order(
     return jnp.take_along_axis(slot, rank[..., None], axis=1), rank
 
 
-def vanilla_allocation(expert_index: jax.Array, gates: jax.Array, capacity: int, num_experts: int) -> Allocation:
+def vanilla_allocation(expert_index: jax.Array, gates: jax.Array, capacity: int, num_experts: int, *,
+                       token_mask: jax.Array | None = None) -> Allocation:
     """Vanilla routing (V-MoE App. C, Algorithm 1): TOP-i rounds in turn, tokens in group order.
 
     expert_index, gates: (groups, tokens, k) int / float, from ``top_k_routing``. capacity: B >= 1 slots per
-    expert and group (``expert_capacity``). num_experts: E. Returns an ``Allocation``; priority_rank is the
-    token position. Raises ValueError naming the argument on bad shapes, dtypes or values.
+    expert and group (``expert_capacity``). num_experts: E. token_mask: (groups, tokens) bool or None; False
+    tokens (padding) take part in no allocation: every choice dropped, no slot taken. Returns an
+    ``Allocation``; priority_rank is the token position. Raises ValueError naming the argument on bad
+    shapes, dtypes or values.
     """
     check_choice_arrays(expert_index, gates, num_experts, capacity)
     groups, tokens, _ = jnp.shape(expert_index)
     order = jnp.broadcast_to(jnp.arange(tokens, dtype=jnp.int32), (groups, tokens))
     slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts,
-                                   excluded=_nonfinite(gates))
+                                   excluded=_excluded(gates, token_mask))
     return Allocation(jnp.asarray(expert_index, jnp.int32), jnp.asarray(gates), slot, rank, num_experts, capacity)
 
 
@@ -177,26 +180,38 @@ def _nonfinite(gates: jax.Array) -> jax.Array:
     return ~jnp.all(jnp.isfinite(jnp.asarray(gates)), axis=-1)
 
 
-def _priority_order(gates: jax.Array, score: str) -> jax.Array:
+def _excluded(gates: jax.Array, token_mask: jax.Array | None) -> jax.Array:
+    """(groups, tokens) bool: tokens that take no slot -- non-finite gates, or False in ``token_mask``."""
+    excluded = _nonfinite(gates)
+    if token_mask is None:
+        return excluded
+    if jnp.shape(token_mask) != excluded.shape:
+        raise ValueError(f"token_mask has shape {jnp.shape(token_mask)}; it must be (groups, tokens) = {excluded.shape}")
+    return excluded | ~jnp.asarray(token_mask, bool)
+
+
+def _priority_order(gates: jax.Array, score: str, excluded: jax.Array) -> jax.Array:
     # Highest score first; a stable sort keeps equal-score tokens in group order (lower token index first).
-    # Tokens with non-finite gates come last (their NaN score would otherwise sort by the backend's rule).
-    scores = jnp.where(_nonfinite(gates), -jnp.inf, priority_scores(gates, score=score))
+    # Excluded tokens come last (the NaN score of non-finite gates would otherwise sort by the backend's rule).
+    scores = jnp.where(excluded, -jnp.inf, priority_scores(gates, score=score))
     return jnp.argsort(-scores, axis=1, stable=True).astype(jnp.int32)
 
 
 def batch_prioritized_allocation(
-    expert_index: jax.Array, gates: jax.Array, capacity: int, num_experts: int, *, score: str = "max"
+    expert_index: jax.Array, gates: jax.Array, capacity: int, num_experts: int, *, score: str = "max",
+    token_mask: jax.Array | None = None,
 ) -> Allocation:
     """Batch Prioritized Routing (V-MoE Sec. 4.1, App. C, Algorithm 2).
 
     Tokens of a group are sorted by ``priority_scores(gates, score=score)``, highest first (ties: lower token
     index first), then the buffers are filled K-major in that order. Arguments as ``vanilla_allocation``;
-    score: "max" (default) or "sum". priority_rank is each token's place in the sorted order.
+    score: "max" (default) or "sum". priority_rank is each token's place in the sorted order (masked-out
+    tokens last).
     """
     check_choice_arrays(expert_index, gates, num_experts, capacity)
-    order = _priority_order(jnp.asarray(gates), score)
-    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts,
-                                   excluded=_nonfinite(gates))
+    excluded = _excluded(gates, token_mask)
+    order = _priority_order(jnp.asarray(gates), score, excluded)
+    slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts, excluded=excluded)
     return Allocation(jnp.asarray(expert_index, jnp.int32), jnp.asarray(gates), slot, rank, num_experts, capacity)
 
 
@@ -208,6 +223,7 @@ def skip_patch_allocation(
     *,
     keep_fraction: float,
     score: str = "max",
+    token_mask: jax.Array | None = None,
 ) -> Allocation:
     """Skip-patch routing (V-MoE App. C.1, Algorithm 3): keep the top ``keep_fraction`` S of tokens, then BPR.
 
@@ -217,9 +233,10 @@ def skip_patch_allocation(
     """
     check_choice_arrays(expert_index, gates, num_experts, capacity)
     num_kept = kept_tokens(jnp.shape(expert_index)[1], keep_fraction)
-    order = _priority_order(jnp.asarray(gates), score)
+    excluded = _excluded(gates, token_mask)
+    order = _priority_order(jnp.asarray(gates), score, excluded)
     slot, rank = allocate_in_order(jnp.asarray(expert_index), order, capacity, num_experts, num_kept=num_kept,
-                                   excluded=_nonfinite(gates))
+                                   excluded=excluded)
     return Allocation(jnp.asarray(expert_index, jnp.int32), jnp.asarray(gates), slot, rank, num_experts, capacity)
 
 
@@ -232,23 +249,26 @@ def allocate(
     method: str = "bpr",
     score: str = "max",
     keep_fraction: float | None = None,
+    token_mask: jax.Array | None = None,
 ) -> Allocation:
     """One entry point for the three token-choice allocations, picked by name (for configs).
 
     method: "vanilla" (Algorithm 1), "bpr" (Algorithm 2) or "skip_patch" (Algorithm 3, needs
-    keep_fraction). score: BPR priority score, "max" or "sum" (ignored by vanilla). Raises ValueError for an
-    unknown method, or a keep_fraction given to a method other than skip_patch.
+    keep_fraction). score: BPR priority score, "max" or "sum" (ignored by vanilla). token_mask: (groups,
+    tokens) bool or None; False tokens (padding) take no buffer slot (see ``vanilla_allocation``). Raises
+    ValueError for an unknown method, or a keep_fraction given to a method other than skip_patch.
     """
     check_choice("method", method, METHODS)
     if method == "skip_patch":
         if keep_fraction is None:
             raise ValueError("keep_fraction=None is not allowed for method='skip_patch'; use 0 < keep_fraction <= 1")
-        return skip_patch_allocation(expert_index, gates, capacity, num_experts, keep_fraction=keep_fraction, score=score)
+        return skip_patch_allocation(expert_index, gates, capacity, num_experts, keep_fraction=keep_fraction,
+                                     score=score, token_mask=token_mask)
     if keep_fraction is not None:
         raise ValueError(f"keep_fraction={keep_fraction!r} is only allowed with method='skip_patch'; use None")
     if method == "vanilla":
-        return vanilla_allocation(expert_index, gates, capacity, num_experts)
-    return batch_prioritized_allocation(expert_index, gates, capacity, num_experts, score=score)
+        return vanilla_allocation(expert_index, gates, capacity, num_experts, token_mask=token_mask)
+    return batch_prioritized_allocation(expert_index, gates, capacity, num_experts, score=score, token_mask=token_mask)
 
 
 class ExpertsChoice(NamedTuple):

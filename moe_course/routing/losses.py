@@ -11,6 +11,11 @@ Two losses push the router towards using all experts evenly. Both are the square
 The total is ``L_aux = 0.5 L_imp + 0.5 L_load`` (Eq. 7); the model adds ``lambda * L_aux`` with
 lambda = ``AUX_LOSS_WEIGHT`` = 0.01 to its task loss (the caller multiplies).
 
+Token masks (LIMoE, Mustafa et al. 2022, App. B.1): every loss here takes an optional ``mask`` (groups,
+tokens) bool that keeps only some tokens -- one modality's, never padding. Sums run over the kept tokens; a
+group without kept tokens has no loss and drops out of the average over groups (0 when no group has any).
+The router z-loss of ST-MoE (Zoph et al. 2022), ``mean_i (logsumexp_e a_ie)^2``, is here too.
+
 Importance alone is fooled by tokens whose probabilities are balanced on average while one expert is never
 the TOP-1 (App. A.2, Table 3); load sees that.
 
@@ -49,15 +54,42 @@ def check_router_logits(name: str, logits) -> None:
     check_floating(name, logits)
 
 
-def importance_per_expert(logits: jax.Array) -> jax.Array:
-    """Imp_e per group (App. A.2, Eq. 1): clean logits (groups, tokens, experts) -> (groups, experts) float32."""
+def token_weights(logits: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """(groups, tokens, 1) float32: 1 for kept tokens, 0 for masked ones (all 1 without a mask).
+    Raises ValueError when ``mask`` is not a (groups, tokens) array matching ``logits``."""
+    if mask is None:
+        return jnp.ones((*jnp.shape(logits)[:2], 1), jnp.float32)
+    if jnp.shape(mask) != jnp.shape(logits)[:2]:
+        raise ValueError(f"mask has shape {jnp.shape(mask)}; it must be (groups, tokens) = {jnp.shape(logits)[:2]}")
+    return jnp.asarray(mask, jnp.float32)[..., None]
+
+
+def mean_over_groups(per_group: jax.Array, present: jax.Array) -> jax.Array:
+    """Mean of (groups,) values over the groups where ``present`` (groups,) bool holds; 0 when none does.
+    Callers must already have made the absent groups' values finite (a NaN there would poison the gradient)."""
+    present = jnp.asarray(present, jnp.float32)
+    return jnp.sum(jnp.where(present > 0, per_group, 0.0)) / jnp.maximum(jnp.sum(present), 1.0)
+
+
+def _balance_loss(per_expert: jax.Array, weights: jax.Array) -> jax.Array:
+    """(std/mean)^2 over experts per group, averaged over the groups with kept tokens."""
+    present = jnp.sum(weights, axis=(1, 2)) > 0
+    safe = jnp.where(present[:, None], per_expert, 1.0)  # an empty group's 0/0 never enters the gradient
+    return mean_over_groups(squared_coefficient_of_variation(safe), present)
+
+
+def importance_per_expert(logits: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Imp_e per group (App. A.2, Eq. 1): clean logits (groups, tokens, experts) -> (groups, experts) float32.
+    mask: (groups, tokens) bool or None; only kept tokens are summed (see the module docstring)."""
     check_router_logits("logits", logits)
-    return jnp.sum(jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1), axis=1)
+    probs = jax.nn.softmax(jnp.asarray(logits, jnp.float32), axis=-1)
+    return jnp.sum(probs * token_weights(logits, mask), axis=1)
 
 
-def importance_loss(logits: jax.Array) -> jax.Array:
-    """L_imp (App. A.2, Eq. 2), averaged over groups: clean logits (groups, tokens, experts) -> scalar float32."""
-    return jnp.mean(squared_coefficient_of_variation(importance_per_expert(logits)))
+def importance_loss(logits: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """L_imp (App. A.2, Eq. 2), averaged over groups: clean logits (groups, tokens, experts) -> scalar float32.
+    mask: as ``importance_per_expert``."""
+    return _balance_loss(importance_per_expert(logits, mask), token_weights(logits, mask))
 
 
 def check_same_shape(noisy_logits, logits) -> None:
@@ -99,15 +131,32 @@ def selection_probability(
 
 
 def load_per_expert(
-    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None
+    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None,
+    mask: jax.Array | None = None,
 ) -> jax.Array:
-    """load_e per group (App. A.2, Eq. 5): sum over the group's tokens of p_e(x) -> (groups, experts) float32."""
-    return jnp.sum(selection_probability(logits, noisy_logits, k, noise_std=noise_std), axis=1)
+    """load_e per group (App. A.2, Eq. 5): sum over the group's (kept) tokens of p_e(x) -> (groups, experts)
+    float32. mask: (groups, tokens) bool or None (see the module docstring)."""
+    p = selection_probability(logits, noisy_logits, k, noise_std=noise_std)
+    return jnp.sum(p * token_weights(logits, mask), axis=1)
 
 
-def load_loss(logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None) -> jax.Array:
-    """L_load (App. A.2, Eq. 6), averaged over groups -> scalar float32. Arguments as ``selection_probability``."""
-    return jnp.mean(squared_coefficient_of_variation(load_per_expert(logits, noisy_logits, k, noise_std=noise_std)))
+def load_loss(logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None,
+              mask: jax.Array | None = None) -> jax.Array:
+    """L_load (App. A.2, Eq. 6), averaged over groups -> scalar float32. Arguments as ``selection_probability``;
+    mask as ``load_per_expert``."""
+    load = load_per_expert(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
+    return _balance_loss(load, token_weights(logits, mask))
+
+
+def router_z_loss(logits: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+    """Router z-loss (ST-MoE, Zoph et al. 2022; LIMoE App. B.1): ``mean_i (logsumexp_e a_ie)^2`` over the
+    (kept) tokens of a group, averaged over groups. logits: (groups, tokens, experts) the clean router logits
+    ``a = W x``; mask as ``importance_per_expert``. Returns a scalar float32; it keeps the logits small."""
+    check_router_logits("logits", logits)
+    weights = token_weights(logits, mask)[..., 0]
+    z = jax.nn.logsumexp(jnp.asarray(logits, jnp.float32), axis=-1) ** 2
+    count = jnp.sum(weights, axis=1)
+    return mean_over_groups(jnp.sum(z * weights, axis=1) / jnp.maximum(count, 1.0), count > 0)
 
 
 class AuxLosses(NamedTuple):
@@ -119,13 +168,15 @@ class AuxLosses(NamedTuple):
 
 
 def auxiliary_losses(
-    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None
+    logits: jax.Array, noisy_logits: jax.Array, k: int, *, noise_std: float | None = None,
+    mask: jax.Array | None = None,
 ) -> AuxLosses:
     """V-MoE's L_aux = 0.5 L_imp + 0.5 L_load (App. A.2, Eq. 7), with both parts, per group then averaged.
 
     logits: (groups, tokens, experts) clean router logits; noisy_logits: the noisy ones of the forward pass;
-    k: experts per token; noise_std: sigma, None = 1/E. Multiply ``total`` by ``AUX_LOSS_WEIGHT`` (0.01).
+    k: experts per token; noise_std: sigma, None = 1/E; mask: (groups, tokens) bool or None, the tokens that
+    count (padding excluded). Multiply ``total`` by ``AUX_LOSS_WEIGHT`` (0.01).
     """
-    importance = importance_loss(logits)
-    load = load_loss(logits, noisy_logits, k, noise_std=noise_std)
+    importance = importance_loss(logits, mask)
+    load = load_loss(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
     return AuxLosses(importance, load, 0.5 * importance + 0.5 * load)

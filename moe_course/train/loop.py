@@ -26,6 +26,7 @@ from moe_course.parallel.training import check_mesh_fits, shard_training_state
 from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
 from moe_course.train.evaluate import evaluate
+from moe_course.train.objectives import CONTRASTIVE, objective_for
 from moe_course.train.optim import learning_rate_schedule, make_optimizer
 from moe_course.train.steps import checks_enabled, make_eval_step, make_train_step
 
@@ -116,10 +117,22 @@ def check_compatible(model_config, dataset: ImageDataset, config: TrainConfig) -
             if getattr(config, name) % group:
                 raise ValueError(f"{name}={getattr(config, name)} is not a multiple of the model's "
                                  f"group_size={group} (images per routing group); use a multiple of {group}")
-    if dataset.num_classes != model_config.num_classes:
+    caption_only = objective_for(model_config) is CONTRASTIVE and dataset.num_classes == 0  # retrieval data
+    if dataset.num_classes != model_config.num_classes and not caption_only:
         raise ValueError(
             f"num_classes={model_config.num_classes} of the model; dataset {dataset.name!r} has {dataset.num_classes}"
         )
+    if objective_for(model_config) is CONTRASTIVE:
+        tokenizer = getattr(dataset, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError(f"dataset {dataset.name!r} has no captions; a one-tower image-text model trains on an "
+                             "image-caption dataset (e.g. CaptionedDigits)")
+        if tokenizer.seq_len != model_config.seq_len:
+            raise ValueError(f"seq_len={model_config.seq_len} of the model does not match the {tokenizer.seq_len}-token "
+                             f"captions of dataset {dataset.name!r}; set seq_len={tokenizer.seq_len}")
+        if tokenizer.vocab_size > model_config.vocab_size:
+            raise ValueError(f"vocab_size={model_config.vocab_size} of the model is smaller than the tokenizer's "
+                             f"{tokenizer.vocab_size} pieces; use vocab_size >= {tokenizer.vocab_size}")
 
 
 def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, last_saved: int | None,
@@ -141,6 +154,19 @@ def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, 
         "lower the learning rate or lengthen the warm-up and start again",
         step=step, last_checkpoint=last_saved, history=list(history),
     )
+
+
+def _validate(model, dataset, config: TrainConfig, eval_step) -> dict[str, float]:
+    """The val-split entries of a history record: val_accuracy and val_loss for a classifier; for a contrastive
+    model val_accuracy = zero-shot accuracy, and retrieval recall@1 both ways."""
+    if eval_step is None:
+        from moe_course.analysis.zero_shot import evaluate_contrastive
+
+        val = evaluate_contrastive(model, dataset, "val", batch_size=config.eval_batch_size)
+        record = {"val_i2t_recall@1": val["i2t_recall@1"], "val_t2i_recall@1": val["t2i_recall@1"]}
+        return {**record, "val_accuracy": val["zero_shot_accuracy"]} if "zero_shot_accuracy" in val else record
+    val = evaluate(model, dataset, "val", batch_size=config.eval_batch_size, eval_step=eval_step)
+    return {"val_accuracy": val["accuracy"], "val_loss": val["loss"]}
 
 
 def train(
@@ -212,10 +238,11 @@ def train(
             print(f"Resuming from the checkpoint of step {latest} in {checkpoints.workdir}")
 
     checked = checks_enabled(model_config)
-    train_step = make_train_step(graphdef, tx, checked=checked, shardings=shardings)
-    eval_step = make_eval_step(graphdef, checked=checked)
+    objective = objective_for(model_config)
+    train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings)
+    eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
     place = (lambda batch: batch) if mesh is None else (lambda batch: shard_batch(batch, mesh))
-    if mesh is not None:
+    if mesh is not None and eval_step is not None:
         compiled_eval = eval_step
         eval_step = lambda params, rest, batch: compiled_eval(params, rest, place(batch))
     schedule = learning_rate_schedule(config)
@@ -238,7 +265,7 @@ def train(
             batch = next(batches)
             key = jax.random.fold_in(base_key, step)
             params, opt_state, metrics = train_step(
-                params, rest, opt_state, place({"image": batch["image"], "label": batch["label"]}),
+                params, rest, opt_state, place({k: batch[k] for k in objective.batch_keys}),
                 key if mesh is None else put(key, replicated(mesh)),
             )
             window.append(metrics)
@@ -256,9 +283,7 @@ def train(
                           "seconds": time.perf_counter() - started}
                 window = []
                 if due(config.eval_every, step) and dataset.split_size("val"):
-                    model = nnx.merge(graphdef, params, rest)
-                    val = evaluate(model, dataset, "val", batch_size=config.eval_batch_size, eval_step=eval_step)
-                    record.update(val_accuracy=val["accuracy"], val_loss=val["loss"])
+                    record.update(_validate(nnx.merge(graphdef, params, rest), dataset, config, eval_step))
                 history.append(record)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}", refresh=False)
             bar.update(1)

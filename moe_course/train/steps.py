@@ -10,10 +10,7 @@ import optax
 from flax import nnx
 from jax.experimental import checkify
 
-
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy. logits (batch, classes) float32, labels (batch,) int32 -> scalar (nats)."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels).mean()
+from moe_course.train.objectives import CLASSIFICATION, Objective
 
 
 def checks_enabled(config) -> bool:
@@ -36,22 +33,21 @@ def _jit(step: Callable, checked: bool) -> Callable:
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, checked: bool = False,
-                    shardings: tuple | None = None) -> Callable:
+                    objective: Objective = CLASSIFICATION, shardings: tuple | None = None) -> Callable:
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
-    metrics: loss (task + aux), task_loss, aux_loss, accuracy -- batch means, float32 scalars.
-    ``key`` drives every random draw of the step (dropout, router noise). ``checked``: run the model's
-    checkify checks and raise the first that fails (JaxRuntimeError, a ValueError); costs one sync per step.
+    metrics: loss (task + aux), task_loss, aux_loss, accuracy and the objective's own metrics -- batch means,
+    float32 scalars. ``batch`` holds ``objective.batch_keys``. ``key`` drives every random draw of the step
+    (dropout, router noise). ``checked``: run the model's checkify checks and raise the first that fails
+    (JaxRuntimeError, a ValueError); costs one sync per step.
     ``shardings``: (parameter shardings, optimizer state shardings), trees of ``NamedSharding`` matching
     params and opt_state, for a sharded run (``moe_course.parallel``): the updated state keeps that layout.
     """
 
     def loss_fn(params, rest, batch, key):
         model = nnx.merge(graphdef, params, rest)
-        out = model(batch["image"], deterministic=False, rngs=nnx.Rngs(key))
-        task = cross_entropy(out.logits, batch["label"])
-        accuracy = (out.logits.argmax(-1) == batch["label"]).mean()
-        return task + out.aux_loss, {"task_loss": task, "aux_loss": out.aux_loss, "accuracy": accuracy}
+        task, aux, metrics = objective.loss(model, batch, nnx.Rngs(key))
+        return task + aux, {"task_loss": task, "aux_loss": aux, **metrics}
 
     def train_step(params, rest, opt_state, batch, key):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch, key)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from moe_course.layers.moe import MoEOutput, RoutingRecord, check_group_size, nonfinite_message, route
+from moe_course.layers.moe import (MoEOutput, RoutingRecord, check_group_size, nonfinite_message, route,
+                                   vmoe_aux_loss)
 from moe_course.torch import routing
 from moe_course.torch.layers.experts import Experts
 from moe_course.torch.layers.init import linear
@@ -60,8 +61,8 @@ class SparseMoE(torch.nn.Module):
             raise ValueError(nonfinite_message(self.layer_name).format(group=group, token=token, image=image))
         if self.training and noise is None:
             noise = torch.randn(logits.shape, generator=generator, device=logits.device)
-        routed, aux = route(routing, self, logits, noise=noise if self.training else None)
-        aux = logits.new_zeros(()) if aux is None else aux
+        routed, noisy_logits = route(routing, self, logits, noise=noise if self.training else None)
+        aux = logits.new_zeros(()) if noisy_logits is None else vmoe_aux_loss(routing, self, logits, noisy_logits)
         y = torch.where(bad[..., None], torch.nan, apply_experts(groups, routed, self.experts,
                                                                  implementation=self.dispatch))
         return MoEOutput(y.reshape(batch, tokens, -1).to(x.dtype), aux, RoutingRecord.of(routed))

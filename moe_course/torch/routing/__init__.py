@@ -1,8 +1,10 @@
 """PyTorch twins of ``moe_course.routing``: the same function names, arguments, results and errors.
 
 Pure functions on torch tensors, one module per JAX module (router, capacity, allocation, dispatch, losses,
-soft, mod). The capacity arithmetic works on Python numbers only, so it is the JAX package's own
-(``expert_capacity``, ``round_count``, ``kept_tokens``, ``mod_capacity`` are re-exported, not copied), and the
+soft, mod, and LIMoE's entropy, modality_losses, pruning). The capacity arithmetic works on Python numbers only, so it is the JAX package's own
+(``expert_capacity``, ``round_count``, ``kept_tokens``, ``mod_capacity`` are re-exported, not copied), as
+are LIMoE's constants and pure-Python helpers (``check_tau``, ``check_loss_names``, ``pruning_order``,
+``coverage_after_pruning``), and the
 argument checks are shared too (``moe_course.routing.checks`` accepts torch tensors), so a bad argument gets
 the same message in both frameworks. The one difference: where JAX takes a PRNG ``key``, these take a
 ``torch.Generator`` -- or ``noise``, the standard-normal draw itself, so both frameworks can be fed the same
@@ -45,6 +47,17 @@ from moe_course.torch.routing.dispatch import (
     gather_combine,
     gather_dispatch,
 )
+from moe_course.torch.routing.entropy import (
+    check_tau,
+    entropy,
+    global_entropy_loss,
+    local_entropy,
+    local_entropy_loss,
+    marginal_probs,
+    merged_entropy_loss,
+    mutual_information_loss,
+    target_entropy_loss,
+)
 from moe_course.torch.routing.losses import (
     AUX_LOSS_WEIGHT,
     AuxLosses,
@@ -53,6 +66,7 @@ from moe_course.torch.routing.losses import (
     importance_per_expert,
     load_loss,
     load_per_expert,
+    router_z_loss,
     selection_probability,
     squared_coefficient_of_variation,
 )
@@ -67,6 +81,22 @@ from moe_course.torch.routing.mod import (
     scatter_attention,
     scatter_update,
     standard_router_scores,
+)
+from moe_course.torch.routing.modality_losses import (
+    JOINT_LOSSES,
+    LIMOE_AUX_WEIGHT,
+    MODALITIES,
+    PADDING,
+    PER_MODALITY_LOSSES,
+    MultimodalAuxLosses,
+    check_loss_names,
+    multimodal_aux_losses,
+)
+from moe_course.torch.routing.pruning import (
+    PRUNING_MODES,
+    coverage_after_pruning,
+    pruned_top_k_routing,
+    pruning_order,
 )
 from moe_course.torch.routing.router import (
     ORDERS,
@@ -93,16 +123,20 @@ from moe_course.torch.routing.soft import (
 
 __all__ = [
     "AUX_LOSS_WEIGHT", "Allocation", "AuxLosses", "CapacityRoundingWarning", "ExpertsChoice", "IMPLEMENTATIONS",
-    "METHODS", "MOD_ROUTERS", "MoDSelection", "NORM_EPS", "ORDERS", "RATIO_WARNING_TOLERANCE", "ROUNDINGS",
-    "RouterOutput", "SCORES", "SoftRouting", "add_router_noise", "allocate", "allocate_in_order", "apply_experts",
-    "apply_soft_experts", "attention_router_scores", "auxiliary_losses", "batch_prioritized_allocation",
-    "buffer_token_index", "combine", "combine_tensor", "default_noise_std", "dispatch", "dispatch_tensor",
-    "effective_capacity_ratio", "einsum_combine", "einsum_dispatch", "expert_capacity",
+    "JOINT_LOSSES", "LIMOE_AUX_WEIGHT", "METHODS", "MODALITIES", "MOD_ROUTERS", "MoDSelection",
+    "MultimodalAuxLosses", "NORM_EPS", "ORDERS", "PADDING", "PER_MODALITY_LOSSES", "PRUNING_MODES",
+    "RATIO_WARNING_TOLERANCE", "ROUNDINGS", "RouterOutput", "SCORES", "SoftRouting", "add_router_noise", "allocate",
+    "allocate_in_order", "apply_experts", "apply_soft_experts", "attention_router_scores", "auxiliary_losses",
+    "batch_prioritized_allocation", "buffer_token_index", "check_loss_names", "check_tau", "combine",
+    "combine_tensor", "coverage_after_pruning", "default_noise_std", "dispatch", "dispatch_tensor",
+    "effective_capacity_ratio", "einsum_combine", "einsum_dispatch", "entropy", "expert_capacity",
     "experts_choice_allocation", "experts_choice_as_allocation", "gather_combine", "gather_dispatch",
-    "gather_tokens", "importance_loss", "importance_per_expert", "kept_tokens", "l2_normalize", "load_loss",
-    "load_per_expert", "mod_capacity", "mod_gate", "mod_select", "nonfinite_tokens", "priority_scores",
-    "round_count", "router_probabilities", "scatter_attention", "scatter_update", "selection_probability",
-    "skip_patch_allocation", "soft_combine", "soft_combine_weights", "soft_dispatch_weights", "soft_logits",
-    "soft_routing", "soft_slots", "squared_coefficient_of_variation", "standard_router_scores", "top_k",
-    "top_k_routing", "vanilla_allocation",
+    "gather_tokens", "global_entropy_loss", "importance_loss", "importance_per_expert", "kept_tokens",
+    "l2_normalize", "load_loss", "load_per_expert", "local_entropy", "local_entropy_loss", "marginal_probs",
+    "merged_entropy_loss", "mod_capacity", "mod_gate", "mod_select", "multimodal_aux_losses",
+    "mutual_information_loss", "nonfinite_tokens", "priority_scores", "pruned_top_k_routing", "pruning_order",
+    "round_count", "router_probabilities", "router_z_loss", "scatter_attention", "scatter_update",
+    "selection_probability", "skip_patch_allocation", "soft_combine", "soft_combine_weights",
+    "soft_dispatch_weights", "soft_logits", "soft_routing", "soft_slots", "squared_coefficient_of_variation",
+    "standard_router_scores", "target_entropy_loss", "top_k", "top_k_routing", "vanilla_allocation",
 ]

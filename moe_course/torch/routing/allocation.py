@@ -101,56 +101,79 @@ def _nonfinite(gates: torch.Tensor) -> torch.Tensor:
     return ~torch.isfinite(gates).all(dim=-1)
 
 
-def _priority_order(gates: torch.Tensor, score: str) -> torch.Tensor:
-    scores = torch.where(_nonfinite(gates), -torch.inf, priority_scores(gates, score=score))
+def _excluded(gates: torch.Tensor, token_mask: torch.Tensor | None) -> torch.Tensor:
+    """(groups, tokens) bool: tokens that take no slot -- non-finite gates, or False in ``token_mask``."""
+    excluded = _nonfinite(gates)
+    if token_mask is None:
+        return excluded
+    if tuple(token_mask.shape) != tuple(excluded.shape):
+        raise ValueError(f"token_mask has shape {tuple(token_mask.shape)}; it must be (groups, tokens) = "
+                         f"{tuple(excluded.shape)}")
+    return excluded | ~token_mask.bool()
+
+
+def _priority_order(gates: torch.Tensor, score: str, excluded: torch.Tensor) -> torch.Tensor:
+    # Highest score first, stable (ties: lower token index first); excluded tokens last.
+    scores = torch.where(excluded, -torch.inf, priority_scores(gates, score=score))
     return torch.argsort(-scores, dim=1, stable=True).int()
 
 
-def _allocation(expert_index, gates, capacity, num_experts, order, num_kept=None) -> Allocation:
+def _allocation(expert_index, gates, capacity, num_experts, order, excluded, num_kept=None) -> Allocation:
     slot, rank = allocate_in_order(expert_index, order, capacity, num_experts, num_kept=num_kept,
-                                   excluded=_nonfinite(gates))
+                                   excluded=excluded)
     return Allocation(expert_index.int(), gates, slot, rank, num_experts, capacity)
 
 
-def vanilla_allocation(expert_index: torch.Tensor, gates: torch.Tensor, capacity: int,
-                       num_experts: int) -> Allocation:
+def vanilla_allocation(expert_index: torch.Tensor, gates: torch.Tensor, capacity: int, num_experts: int, *,
+                       token_mask: torch.Tensor | None = None) -> Allocation:
     """Vanilla routing (V-MoE App. C, Algorithm 1): TOP-i rounds in turn, tokens in group order.
-    expert_index, gates: (groups, tokens, k) from ``top_k_routing``. Errors as the JAX function."""
+    expert_index, gates: (groups, tokens, k) from ``top_k_routing``. token_mask: (groups, tokens) bool or
+    None; False tokens (padding) take no slot. Errors as the JAX function."""
     check_choice_arrays(expert_index, gates, num_experts, capacity)
     groups, tokens, _ = expert_index.shape
     order = torch.arange(tokens, dtype=torch.int32, device=expert_index.device).expand(groups, tokens)
-    return _allocation(expert_index, gates, capacity, num_experts, order)
+    return _allocation(expert_index, gates, capacity, num_experts, order, _excluded(gates, token_mask))
 
 
 def batch_prioritized_allocation(expert_index: torch.Tensor, gates: torch.Tensor, capacity: int,
-                                 num_experts: int, *, score: str = "max") -> Allocation:
-    """Batch Prioritized Routing (V-MoE Sec. 4.1, Algorithm 2): tokens by priority score, highest first."""
+                                 num_experts: int, *, score: str = "max",
+                                 token_mask: torch.Tensor | None = None) -> Allocation:
+    """Batch Prioritized Routing (V-MoE Sec. 4.1, Algorithm 2): tokens by priority score, highest first;
+    tokens masked out by ``token_mask`` take no slot and rank last."""
     check_choice_arrays(expert_index, gates, num_experts, capacity)
-    return _allocation(expert_index, gates, capacity, num_experts, _priority_order(gates, score))
+    excluded = _excluded(gates, token_mask)
+    return _allocation(expert_index, gates, capacity, num_experts, _priority_order(gates, score, excluded), excluded)
 
 
 def skip_patch_allocation(expert_index: torch.Tensor, gates: torch.Tensor, capacity: int, num_experts: int, *,
-                          keep_fraction: float, score: str = "max") -> Allocation:
-    """Skip-patch routing (V-MoE App. C.1, Algorithm 3): only the top ``keep_fraction`` of tokens, then BPR."""
+                          keep_fraction: float, score: str = "max",
+                          token_mask: torch.Tensor | None = None) -> Allocation:
+    """Skip-patch routing (V-MoE App. C.1, Algorithm 3): only the top ``keep_fraction`` of tokens, then BPR;
+    token_mask as ``batch_prioritized_allocation``."""
     check_choice_arrays(expert_index, gates, num_experts, capacity)
     num_kept = kept_tokens(expert_index.shape[1], keep_fraction)
-    return _allocation(expert_index, gates, capacity, num_experts, _priority_order(gates, score), num_kept)
+    excluded = _excluded(gates, token_mask)
+    return _allocation(expert_index, gates, capacity, num_experts, _priority_order(gates, score, excluded), excluded,
+                       num_kept)
 
 
 def allocate(expert_index: torch.Tensor, gates: torch.Tensor, capacity: int, num_experts: int, *,
-             method: str = "bpr", score: str = "max", keep_fraction: float | None = None) -> Allocation:
-    """One entry point for the three token-choice allocations, as the JAX ``allocate`` (same errors)."""
+             method: str = "bpr", score: str = "max", keep_fraction: float | None = None,
+             token_mask: torch.Tensor | None = None) -> Allocation:
+    """One entry point for the three token-choice allocations, as the JAX ``allocate`` (same errors);
+    token_mask: (groups, tokens) bool or None, False tokens take no buffer slot."""
     check_choice("method", method, METHODS)
     if method == "skip_patch":
         if keep_fraction is None:
             raise ValueError("keep_fraction=None is not allowed for method='skip_patch'; use 0 < keep_fraction <= 1")
         return skip_patch_allocation(expert_index, gates, capacity, num_experts, keep_fraction=keep_fraction,
-                                     score=score)
+                                     score=score, token_mask=token_mask)
     if keep_fraction is not None:
         raise ValueError(f"keep_fraction={keep_fraction!r} is only allowed with method='skip_patch'; use None")
     if method == "vanilla":
-        return vanilla_allocation(expert_index, gates, capacity, num_experts)
-    return batch_prioritized_allocation(expert_index, gates, capacity, num_experts, score=score)
+        return vanilla_allocation(expert_index, gates, capacity, num_experts, token_mask=token_mask)
+    return batch_prioritized_allocation(expert_index, gates, capacity, num_experts, score=score,
+                                        token_mask=token_mask)
 
 
 class ExpertsChoice(NamedTuple):

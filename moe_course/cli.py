@@ -58,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_routing_args(train, "train with other settings than the preset's")
+    _add_scale_args(train)
     mod = train.add_argument_group("Mixture-of-Depths (mod runs)")
     mod.add_argument("--init-from", default=None, metavar="RUN_DIR",
                      help="adapt the dense ViT of this `moe-course train vit` run (A-MoD Sec. 4) instead of "
@@ -85,6 +86,37 @@ def _add_routing_args(parser: argparse.ArgumentParser, purpose: str) -> None:
     routing.add_argument("--k", type=int, default=None, help="experts per token")
     routing.add_argument("--capacity-ratio", type=float, default=None, help="C in B_e = round(k*N*P*C/E)")
     routing.add_argument("--priority", default=None, choices=PRIORITIES, help="BPR score: max or sum of the gates")
+
+
+def _add_scale_args(parser: argparse.ArgumentParser) -> None:
+    scale = parser.add_argument_group(
+        "scale-out (README, 'Scale-out'): several devices, several hosts",
+        "With --mesh the run is sharded over the devices JAX sees: images over every device, experts over the "
+        "expert axis. On several hosts, run the same command on each; the three process settings come from "
+        "these flags, else from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else (with "
+        "--distributed) from the cluster (SLURM, Open MPI, Cloud TPU pods).")
+    scale.add_argument("--mesh", default=None, metavar="SPEC",
+                       help="device mesh, e.g. data=2,expert=4 (sizes multiply to the device count), or 'auto' "
+                            "(experts over as many devices as divide them, the rest data-parallel)")
+    scale.add_argument("--distributed", action="store_true",
+                       help="join a multi-process run through jax.distributed.initialize (implied by the flags below)")
+    scale.add_argument("--coordinator-address", default=None, metavar="HOST:PORT", help="process 0's address")
+    scale.add_argument("--num-processes", type=int, default=None, help="processes in the run (one per host)")
+    scale.add_argument("--process-id", type=int, default=None, help="this process's index, 0..num-processes-1")
+
+
+def _scale_out(args, model_config):
+    """Join jax.distributed if asked (before JAX touches a device) and build the --mesh; None without one."""
+    from moe_course import parallel
+
+    process_flags = (args.coordinator_address, args.num_processes, args.process_id)
+    distributed = args.distributed or any(flag is not None for flag in process_flags)
+    if distributed:
+        parallel.initialize(*process_flags)
+    if args.mesh is None and not distributed:
+        return None
+    spec = None if args.mesh in (None, "auto") else args.mesh
+    return parallel.make_mesh(spec, num_experts=getattr(model_config, "num_experts", None))
 
 
 def _model_kind(config) -> str:
@@ -174,6 +206,8 @@ def _train(args) -> dict:
     from moe_course.configs import get_preset
     from moe_course.data import load_dataset
     from moe_course.recipes import recipe_for
+    import jax
+
     from moe_course.train import report_devices, train
 
     model_config = get_preset(args.model, args.preset)
@@ -182,6 +216,7 @@ def _train(args) -> dict:
     model_config = model_config.replace(**shape)
     model_config = model_config.replace(**_routing_overrides(args, _model_kind(model_config)))
     model_config = model_config.replace(**_mod_overrides(args, model_config))
+    mesh = _scale_out(args, model_config)  # first: jax.distributed must start before JAX uses a device
     overrides = {
         k: v
         for k, v in dict(
@@ -198,8 +233,10 @@ def _train(args) -> dict:
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
     init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
+    if mesh is not None:
+        print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
-                   init_model=init_model)
+                   init_model=init_model, mesh=mesh)
     metrics = _test_metrics(result.model, dataset, "test", train_config.eval_batch_size)
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
             **metrics}

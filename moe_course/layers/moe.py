@@ -122,6 +122,9 @@ class SparseMoE(nnx.Module):
     Experts choice (Zhou et al. 2022) gives every expert the same B_e = round(k*N*C/E) slots, so on average
     a token is processed by k*C experts, the compute of token choice at the same k and C.
     Raises ValueError for a batch that is not a multiple of group_size.
+    Expert parallelism: with ``mesh`` set (``moe_course.parallel.use_mesh``) to a mesh with an ``expert`` axis,
+    the experts run split over that axis and tokens reach them by all-to-all
+    (``moe_course.parallel.expert_parallel``); outputs and routing equal the one-device layer's.
 
     Non-finite values are never hidden: a token whose features or router logits hold a NaN or inf comes out
     all NaN, under every allocation and both dispatch implementations; it takes no expert buffer slot, so
@@ -146,6 +149,7 @@ class SparseMoE(nnx.Module):
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
         self.check_finite, self.layer_name = check_finite, layer_name
+        self.mesh = None  # a jax.sharding.Mesh with an "expert" axis: run expert-parallel (moe_course.parallel)
         self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
 
@@ -169,8 +173,7 @@ class SparseMoE(nnx.Module):
             aux, terms = jnp.zeros((), jnp.float32), {}
         else:
             aux, terms = self.aux_loss(logits, noisy_logits, mask, as_groups(modality))
-        expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
-        y = jnp.where(bad[..., None], jnp.nan, apply_experts(groups, routed, expert_fn, implementation=self.dispatch))
+        y = jnp.where(bad[..., None], jnp.nan, self._apply_experts(groups, routed, deterministic, rngs))
         return MoEOutput(y.reshape(batch, tokens, -1).astype(x.dtype), aux, RoutingRecord.of(routed), terms)
 
     def aux_loss(self, logits: jax.Array, noisy_logits: jax.Array, token_mask: jax.Array | None,
@@ -178,6 +181,16 @@ class SparseMoE(nnx.Module):
         """(weight * L_aux, {}) of V-MoE (App. A.2) over the kept tokens; arrays in routing groups (G, N[, E]).
         Subclasses (LIMoE) override it and name their parts in the dict."""
         return vmoe_aux_loss(routing, self, logits, noisy_logits, token_mask), {}
+
+    def _apply_experts(self, groups: jax.Array, routed, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
+        if self.mesh is not None and "expert" in self.mesh.axis_names:  # experts on several devices
+            from moe_course.parallel.expert_parallel import apply_experts_parallel
+
+            key = rngs.dropout() if (not deterministic and rngs is not None and self.experts.drop.rate > 0) else None
+            return apply_experts_parallel(groups, routed, self.experts, self.mesh, implementation=self.dispatch,
+                                          deterministic=deterministic, key=key, group_size=self.group_size)
+        expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
+        return apply_experts(groups, routed, expert_fn, implementation=self.dispatch)
 
     def _check(self, bad: jax.Array, tokens: int) -> None:
         group = jnp.argmax(jnp.any(bad, axis=1))

@@ -15,11 +15,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from moe_course.configs import config_to_dict
 from moe_course.data.base import ImageDataset, steps_per_epoch, train_batches
 from moe_course.models import build_model
+from moe_course.parallel.sharding import put, replicated, shard_batch
+from moe_course.parallel.training import check_mesh_fits, shard_training_state
 from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
 from moe_course.train.evaluate import evaluate
@@ -175,6 +178,7 @@ def train(
     progress: bool = True,
     stop_after: int | None = None,
     init_model: nnx.Module | None = None,
+    mesh: Mesh | None = None,
 ) -> TrainResult:
     """Train ``build_model(model_config)`` on ``dataset``'s train split.
 
@@ -186,6 +190,13 @@ def train(
     ViT); its config must equal ``model_config``, and a checkpoint in ``workdir`` still takes precedence. Every config problem raises ValueError before any
     compilation.
 
+    ``mesh`` (``moe_course.parallel.make_mesh``): train sharded over its devices -- every device holds
+    different images of each batch, the experts of every MoE layer are split over the ``expert`` axis and
+    reached by all-to-all, everything else is replicated; several processes (``jax.distributed``) work the
+    same way. The losses equal the one-device run's up to float rounding. The mesh is not part of the run's
+    configuration: a checkpoint written on one mesh resumes on any other (or on none). ``init_model`` is then
+    switched to the mesh in place. A batch size that does not split over the mesh raises ValueError first.
+
     Divergence: the per-step losses are checked whenever metrics are logged and before every checkpoint, and
     the parameters before every checkpoint. A NaN or infinite value raises ``TrainingDiverged`` naming the
     first bad step and the last good checkpoint; no checkpoint is written from that step on, and the
@@ -194,15 +205,21 @@ def train(
     model_config.validate()
     config.validate()
     check_compatible(model_config, dataset, config)
+    if mesh is not None:
+        check_mesh_fits(mesh, model_config, config)
     per_epoch = steps_per_epoch(dataset, config.batch_size)
     started = time.perf_counter()
 
     if init_model is not None and getattr(init_model, "config", None) != model_config:
         raise ValueError(f"init_model has config {getattr(init_model, 'config', None)!r}; it must equal model_config")
     model = init_model if init_model is not None else build_model(model_config, rngs=nnx.Rngs(config.seed))
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(config)
-    opt_state = tx.init(params)
+    shardings = None
+    if mesh is None:
+        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        opt_state = tx.init(params)
+    else:
+        graphdef, params, rest, opt_state, shardings = shard_training_state(model, mesh, tx)
     history: list[dict] = []
     start_step, resumed_from = 0, None
     checkpoints = None
@@ -222,8 +239,12 @@ def train(
 
     checked = checks_enabled(model_config)
     objective = objective_for(model_config)
-    train_step = make_train_step(graphdef, tx, checked=checked, objective=objective)
+    train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings)
     eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
+    place = (lambda batch: batch) if mesh is None else (lambda batch: shard_batch(batch, mesh))
+    if mesh is not None and eval_step is not None:
+        compiled_eval = eval_step
+        eval_step = lambda params, rest, batch: compiled_eval(params, rest, place(batch))
     schedule = learning_rate_schedule(config)
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
@@ -242,9 +263,10 @@ def train(
     try:
         for step in range(start_step + 1, last + 1):
             batch = next(batches)
+            key = jax.random.fold_in(base_key, step)
             params, opt_state, metrics = train_step(
-                params, rest, opt_state, {k: batch[k] for k in objective.batch_keys},
-                jax.random.fold_in(base_key, step),
+                params, rest, opt_state, place({k: batch[k] for k in objective.batch_keys}),
+                key if mesh is None else put(key, replicated(mesh)),
             )
             window.append(metrics)
             unchecked.append((step, metrics["loss"]))

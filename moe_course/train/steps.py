@@ -33,13 +33,15 @@ def _jit(step: Callable, checked: bool) -> Callable:
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, checked: bool = False,
-                    objective: Objective = CLASSIFICATION) -> Callable:
+                    objective: Objective = CLASSIFICATION, shardings: tuple | None = None) -> Callable:
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
     metrics: loss (task + aux), task_loss, aux_loss, accuracy and the objective's own metrics -- batch means,
     float32 scalars. ``batch`` holds ``objective.batch_keys``. ``key`` drives every random draw of the step
     (dropout, router noise). ``checked``: run the model's checkify checks and raise the first that fails
     (JaxRuntimeError, a ValueError); costs one sync per step.
+    ``shardings``: (parameter shardings, optimizer state shardings), trees of ``NamedSharding`` matching
+    params and opt_state, for a sharded run (``moe_course.parallel``): the updated state keeps that layout.
     """
 
     def loss_fn(params, rest, batch, key):
@@ -50,7 +52,10 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     def train_step(params, rest, opt_state, batch, key):
         (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, rest, batch, key)
         updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+        params = optax.apply_updates(params, updates)
+        if shardings is not None:
+            params, opt_state = jax.lax.with_sharding_constraint((params, opt_state), shardings)
+        return params, opt_state, {"loss": loss, **metrics}
 
     return _jit(train_step, checked)
 

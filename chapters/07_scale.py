@@ -1,0 +1,366 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 7 -- Scale-out: experts on many devices
+#
+# A V-MoE-H/14 has 7 billion parameters, and most of them are expert weights: no accelerator holds them all.
+# V-MoE (Sec. 2.4, App. B), like GShard before it, therefore puts *different experts on different devices*
+# and moves the tokens to their experts and back. This chapter does that on eight simulated CPU devices, with
+# the same model code that runs on one CPU, a GPU node or a TPU pod:
+#
+# 1. a device **mesh** with a `data` and an `expert` axis;
+# 2. **where each weight lives**: experts split over the expert axis, everything else replicated;
+# 3. a V-MoE layer whose experts sit on different devices: the **all-to-all** written out step by step, and
+#    the tokens' journey drawn;
+# 4. the **bytes** each device sends per MoE layer, as a formula checked against the compiled program;
+# 5. **memory per device** as experts and devices grow;
+# 6. the sharded model **equal** to the one-device model, and a short sharded **training run** equal to the
+#    one-device run;
+# 7. the full-scale run on real accelerators, and the commands for a GPU cluster and a TPU pod.
+#
+# JAX fixes its devices when it starts, so the first cell asks for eight CPU devices *before* importing JAX.
+# (On a real multi-GPU or TPU machine, leave that line out: the same code uses the real devices.)
+
+# %%
+import os
+
+FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before JAX starts
+if not FULL_SCALE:
+    os.environ["JAX_PLATFORMS"] = "cpu"  # the lesson: CPU devices only, even on a GPU machine
+
+import re
+import warnings
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from flax import nnx
+
+from moe_course import parallel, routing
+from moe_course.configs import get_preset
+from moe_course.data import ClutteredDigits
+from moe_course.layers.moe import route
+from moe_course.models import build_model
+from moe_course.routing import CapacityRoundingWarning
+from moe_course.train import TrainConfig, train
+
+warnings.simplefilter("ignore", CapacityRoundingWarning)
+CPUS = jax.devices("cpu")  # the lesson's eight devices; the full-scale cell uses the accelerators
+jax.config.update("jax_default_device", CPUS[0])
+print(len(CPUS), "CPU devices:", CPUS)
+assert len(CPUS) == 8
+
+# %% [markdown]
+# ## 1. The mesh
+#
+# A mesh arranges the devices in a grid with named axes. Ours has two:
+# - `expert`: the E experts of every MoE layer are cut into n blocks along this axis; device column j holds
+#   experts j*E/n ... (j+1)*E/n - 1;
+# - `data`: copies of that arrangement. Together with the expert axis it splits the batch: **every device holds
+#   different images**, as in plain data parallelism.
+#
+# `parallel.make_mesh("data=2,expert=4")` builds it from a spec string; an axis of size 1 simply disappears,
+# and a spec that does not fit is refused in one line before anything compiles.
+
+# %%
+mesh = parallel.make_mesh("data=2,expert=4", devices=CPUS)
+print(mesh)
+for bad, experts in [("data=2,expert=2", None), ("data=2,model=4", None), ("expert=8", 12)]:
+    try:
+        parallel.make_mesh(bad, devices=CPUS, num_experts=experts)
+    except ValueError as err:
+        print("ValueError:", err)
+
+# %% [markdown]
+# We will use `digits-tiny-moe` from chapter 3: 8 experts, k = 2, MoE layers in blocks 1 and 3, routing groups
+# of 8 images. On this mesh each device holds 8 / 4 = 2 experts of each layer.
+
+# %%
+config = get_preset("vmoe", "digits-tiny-moe")
+E, n_expert = config.num_experts, parallel.axis_size(mesh, "expert")
+fig, ax = plt.subplots(figsize=(7, 2.6))
+for (row, col), device in np.ndenumerate(mesh.devices):
+    ax.add_patch(plt.Rectangle((col, -row), 0.9, 0.9, color=f"C{col}", alpha=0.35))
+    first = col * E // n_expert
+    shard = row * n_expert + col  # the batch is split over (data, expert), data-major
+    ax.text(col + 0.45, -row + 0.45, f"device {device.id}\nexperts {first}-{first + E // n_expert - 1}\n"
+            f"images {8 * shard}-{8 * shard + 7}", ha="center", va="center", fontsize=8)
+ax.set(xlim=(-0.1, 4), ylim=(-1.1, 1), xticks=np.arange(4) + 0.45, yticks=[0.45, -0.55],
+       xticklabels=[f"expert={j}" for j in range(4)], yticklabels=["data=0", "data=1"],
+       title="mesh data=2, expert=4: experts by column, a batch of 64 images over all 8 devices")
+ax.tick_params(length=0)
+for side in ax.spines.values():
+    side.set_visible(False)
+plt.show()
+
+# %% [markdown]
+# ## 2. Where each weight lives
+#
+# The sharding rule is one sentence: parameters of an `Experts` module (leading axis E) are split over the
+# `expert` axis, all others are replicated. `parallel.shard_model` writes the rule into each parameter's Flax
+# NNX sharding metadata (so `nnx.get_partition_spec` shows it) and places the arrays. The same rule covers every
+# model family of the course, since it only looks for `Experts` modules.
+
+# %%
+model = build_model(config, rngs=nnx.Rngs(0))
+single_model = nnx.clone(model)  # the one-device twin, same weights
+parallel.shard_model(model, mesh)
+specs = list(parallel.annotated_specs(model).items())  # read back through nnx.get_partition_spec
+params = {"/".join(map(str, path)): v for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+split = {path: spec for path, spec in specs if any(spec)}
+print(f"{len(specs)} parameter arrays; split over the expert axis: {len(split)}")
+for name, spec in list(split.items())[:4]:
+    print(f"  {name}: {spec}")
+
+# %% [markdown]
+# What does each device hold? For every parameter, the fraction of its numbers stored on each device, read from
+# the arrays' own shards:
+
+# %%
+names = [path for path, _ in specs]
+held = np.zeros((len(names), 8))
+for i, path in enumerate(names):
+    array = params[path][...]
+    for shard in array.addressable_shards:
+        held[i, shard.device.id] = shard.data.size / array.size
+fig, ax = plt.subplots(figsize=(8, 6))
+ax.imshow(held, aspect="auto", cmap="Blues", vmin=0, vmax=1)
+ax.set(xticks=range(8), xlabel="device", yticks=range(len(names)),
+       title="fraction of each parameter stored on each device (1 = a full copy)")
+ax.set_yticklabels([p[-38:] for p in names], fontsize=6)
+plt.show()
+assert all(held[i].min() == 1 for i, (_, s) in enumerate(specs) if not any(s))  # replicated: a full copy each
+assert all(np.allclose(held[i], 1 / n_expert) for i, (_, s) in enumerate(specs) if any(s))  # experts: 1/4 each
+
+# %% [markdown]
+# ## 3. The all-to-all, step by step
+#
+# Take the first MoE layer (block 1) and a batch of 64 images of 16 tokens (random features stand in for the
+# layer's input). Routing needs no communication: a routing group is 8 images, all on one device, so each
+# device routes its own group with the single-device functions of chapters 2-3 (router, capacity,
+# allocation). Each device then holds one capacity-padded buffer per expert, `(groups, E, B, D)`. Here we do
+# every step with NumPy on the eight devices' pieces, then run the library's `jax.shard_map` version and
+# compare.
+
+# %%
+digits = ClutteredDigits()
+images = digits.get("train", np.arange(64))["image"]
+layer = single_model.blocks[1].mlp
+x = jax.random.normal(jax.random.key(0), (64, 16, config.width))  # stand-in layer input: 64 images x 16 tokens
+groups = x.reshape(8, 8 * 16, config.width)  # 8 routing groups of 8 images, one group per device
+allocation, _ = route(routing, layer, layer.router(groups))
+G, T, D, B = 8, 8 * 16, config.width, allocation.capacity
+print(f"{G} groups of {T} tokens, {E} experts, capacity B = {B} slots per expert and group, width D = {D}")
+
+# step 1 (on each device): dispatch its group's tokens into its buffers for every expert
+buffers = np.asarray(routing.dispatch(groups, allocation))  # (G, E, B, D); device d holds buffers[d]
+# step 2: all-to-all along the expert axis. Device (row r, column j) receives, from every device (r, i) of its
+# row, the buffers for ITS experts j*E/n ... (j+1)*E/n - 1, stacked by source.
+per = E // n_expert
+device_of = lambda r, j: r * n_expert + j  # noqa: E731 -- mesh position -> the group it holds
+inbox = {(r, j): np.concatenate([buffers[device_of(r, i), j * per:(j + 1) * per][None] for i in range(n_expert)])
+         for r in range(2) for j in range(n_expert)}
+print("a device sends", buffers[0].shape, "-> receives", inbox[0, 0].shape, "(sources, its experts, B, D)")
+# step 3: each device runs only its own experts
+experts = layer.experts
+w = {name: np.asarray(getattr(experts, name)[...]) for name in ("fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias")}
+def run_local(buffers, j):  # (sources, E/n, B, D) through experts j*per ... (j+1)*per - 1
+    e = slice(j * per, (j + 1) * per)
+    h = np.einsum("sebd,edh->sebh", buffers, w["fc1_kernel"][e]) + w["fc1_bias"][e][None, :, None]
+    h = np.asarray(jax.nn.gelu(h, approximate=False))
+    return np.einsum("sebh,ehd->sebd", h, w["fc2_kernel"][e]) + w["fc2_bias"][e][None, :, None]
+outbox = {key: run_local(value, key[1]) for key, value in inbox.items()}
+# step 4: all-to-all back: device (r, i) collects from every device (r, j) the outputs for its own group
+returned = np.stack([np.concatenate([outbox[r, j][i] for j in range(n_expert)]) for r in range(2)
+                     for i in range(n_expert)])  # (G, E, B, D) again
+# step 5 (on each device): combine -- each token sums its served choices' outputs, weighted by the gates
+by_hand = np.asarray(routing.combine(jnp.asarray(returned), allocation))
+one_device = np.asarray(routing.apply_experts(groups, allocation, lambda b: experts(b)))
+library = np.asarray(parallel.apply_experts_parallel(parallel.put(groups, parallel.batch_sharding(mesh, 3)),
+                                                     allocation, model.blocks[1].mlp.experts, mesh))
+print("by hand vs one device:", np.abs(by_hand - one_device).max(), " library (shard_map) vs one device:",
+      np.abs(library - one_device).max())
+assert np.abs(by_hand - one_device).max() < 1e-5 and np.abs(library - one_device).max() < 1e-5
+
+# %% [markdown]
+# The tokens' journey: how many routed choices each device sends to each other device (their expert's home),
+# for the 4 devices of data row 0. The diagonal stays home; everything else crosses the interconnect. The
+# buffers are padded to B slots, so what actually travels is the grey total, full or not.
+
+# %%
+sent = np.zeros((n_expert, n_expert), int)
+served_expert = np.where(np.asarray(allocation.served), np.asarray(allocation.expert_index), -1)
+for i in range(n_expert):
+    for j in range(n_expert):
+        sent[i, j] = np.isin(served_expert[device_of(0, i)], np.arange(j * per, (j + 1) * per)).sum()
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+axes[0].imshow(sent, cmap="Oranges")
+for (i, j), count in np.ndenumerate(sent):
+    axes[0].text(j, i, count, ha="center", va="center")
+axes[0].set(xlabel="destination device (expert column)", ylabel="source device", xticks=range(4), yticks=range(4),
+            title="served choices sent, data row 0")
+axes[1].bar(range(n_expert), sent.sum(1) - np.diag(sent), color="C1", label="served choices leaving the device")
+padded = (n_expert - 1) * per * B
+axes[1].axhline(padded, color="grey", label=f"padded slots sent: (n-1)*E/n*B = {padded}")
+axes[1].set(xlabel="source device", ylabel="tokens (each D numbers)", title="what crosses the interconnect")
+axes[1].legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served choice goes exactly one place
+
+# %% [markdown]
+# ## 4. Bytes per device per MoE layer
+#
+# A device cuts its `(g, E, B, D)` buffers into n blocks and keeps one, so each exchange sends
+# `(n - 1) * g * (E / n) * B * D` numbers, and the forward pass has two exchanges (there and back):
+#
+# `bytes = 2 * (n - 1) * g * (E / n) * B * D * 4` (float32), independent of how many slots are filled.
+#
+# We check it against the program XLA compiled: every `all-to-all` instruction, its shape, and the fraction
+# (n - 1)/n of it that leaves the device.
+
+# %%
+moe = model.blocks[1].mlp
+sharded_groups = parallel.put(groups, parallel.batch_sharding(mesh, 3))
+layer_fn = jax.jit(lambda g: parallel.apply_experts_parallel(g, allocation, moe.experts, mesh))
+hlo = layer_fn.lower(sharded_groups).compile().as_text()
+exchanges = [m.group(1) for m in re.finditer(r"= (\(?[^=]*?\)?) all-to-all(?:-start)?\(", hlo)]
+# each instruction's result: a tuple of n pieces, piece j for expert column j (the device's own piece stays)
+sizes = [sum(int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"f32\[([\d,]*)\]", shape))
+         for shape in exchanges]
+measured = int(sum(sizes) * 4 * (n_expert - 1) / n_expert)
+formula = parallel.all_to_all_bytes(G // 8, E, B, D, n_expert)
+print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent per device: {measured} bytes; "
+      f"formula: {formula} bytes")
+assert measured == formula
+
+# %% [markdown]
+# ## 5. Memory per device as experts and devices grow
+#
+# A device holds every shared weight and E / n of the expert weights: `shared + experts / n` parameters. For
+# the paper's V-MoE-B/16 (MoE every other block) with more experts, spread over as many devices as experts:
+
+# %%
+rows = []
+for experts_per_layer in (8, 32, 128):
+    big = get_preset("vmoe", "vmoe-b/16-every-2").replace(num_experts=experts_per_layer)
+    expert_params, shared = parallel.expert_and_shared_params(big)
+    rows.append((experts_per_layer, expert_params, shared))
+devices = np.array([1, 2, 4, 8, 16, 32, 64, 128])
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+for experts_per_layer, expert_params, shared in rows:
+    usable = devices[devices <= experts_per_layer]
+    ax.plot(usable, 4 * (shared + expert_params / usable) / 2**30, "o-", label=f"E = {experts_per_layer}")
+ax.axhline(4 * rows[0][2] / 2**30, color="grey", ls="--", label="shared weights alone")
+ax.set(xscale="log", yscale="log", xlabel="devices on the expert axis", ylabel="GiB of float32 weights per device",
+       title="V-MoE-B/16 (MoE every 2nd block): weights per device")
+ax.legend(fontsize=8)
+plt.show()
+for experts_per_layer, expert_params, shared in rows:
+    print(f"E={experts_per_layer:4d}: {(expert_params + shared) / 1e6:7.0f}M parameters, "
+          f"{expert_params / (expert_params + shared):.0%} in experts; on {experts_per_layer} devices "
+          f"{4 * (shared + expert_params / experts_per_layer) / 2**30:.2f} GiB each (x3 with Adam's moments)")
+
+# %% [markdown]
+# The same count for our small model on this mesh, against the bytes its arrays actually occupy on device 0:
+
+# %%
+expert_params, shared = parallel.expert_and_shared_params(config)
+on_device_0 = sum(shard.data.nbytes for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))
+                  for shard in leaf.addressable_shards if shard.device.id == 0)
+print(f"formula {4 * (shared + expert_params // n_expert)} bytes, measured {on_device_0} bytes on device 0")
+assert on_device_0 == 4 * (shared + expert_params // n_expert)
+
+# %% [markdown]
+# ## 6. The sharded model equals the one-device model
+#
+# The whole V-MoE on the mesh: the batch is split over all eight devices, both MoE layers run their experts
+# where they live, the all-to-alls happen inside, and the logits agree with the one-device model.
+
+# %%
+batch = parallel.shard_batch({"image": images}, mesh)["image"]
+sharded_out = nnx.jit(lambda m, im: m(im))(model, batch)
+single_out = nnx.jit(lambda m, im: m(im))(single_model, images)
+difference = float(jnp.abs(sharded_out.logits - single_out.logits).max())
+print("logits sharded over", sharded_out.logits.sharding.spec, "; largest difference:", difference)
+assert difference < 1e-5
+assert all(bool(jnp.array_equal(a.served, b.served)) for a, b in zip(sharded_out.routing, single_out.routing))
+
+# %% [markdown]
+# Training: the course's one loop, `train(..., mesh=mesh)` (or `moe-course train ... --mesh data=2,expert=4`).
+# Gradients of replicated weights are summed over the devices, those of the experts stay where they are; the
+# losses equal the one-device run's to float rounding.
+
+# %%
+run = TrainConfig(steps=8, batch_size=64, learning_rate=1e-3, warmup_steps=2, log_every=1, eval_every=0,
+                  checkpoint_every=0, eval_batch_size=64)
+one = train(config, digits, run, progress=False)
+many = train(config, digits, run, progress=False, mesh=mesh)
+gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(one.history, many.history))
+print("one device:", [round(h["loss"], 4) for h in one.history])
+print("8 devices: ", [round(h["loss"], 4) for h in many.history], f"-- largest difference {gap:.1e}")
+assert gap < 1e-4 and len(one.history) == len(many.history) == run.steps
+
+# %% [markdown]
+# ## 7. Full scale, and many hosts
+#
+# The cell below trains V-MoE-S/32 (every other block MoE, 32 experts, the paper's Table 7 architecture) on an
+# ImageNet-style folder (`root/train/<class>/*.jpeg`, `root/val/...`), sharded over **all visible
+# accelerators** with the experts spread over as many of them as divide 32. It runs only with
+# **`MOE_COURSE_FULL_SCALE=1`** and **`MOE_COURSE_DATA=/path/to/imagenet`** set before starting Jupyter (and
+# without the eight simulated CPU devices of the first cell, which it ignores on a GPU or TPU machine).
+#
+# From a shell, one host with several GPUs:
+#
+# ```bash
+# moe-course train vmoe --preset vmoe-s/32-every-2 --dataset imagefolder --data-dir /data/imagenet --mesh auto \
+#     --batch-size 1024 --steps 90000 --workdir runs/vmoe-s32
+# ```
+#
+# A GPU cluster with SLURM, 4 nodes x 8 GPUs (JAX reads the process count, id and coordinator from SLURM):
+#
+# ```bash
+# srun --nodes=4 --ntasks-per-node=1 --gpus-per-node=8 \
+#     moe-course train vmoe --preset vmoe-b/16-every-2 --dataset imagefolder --data-dir /data/imagenet \
+#     --distributed --mesh data=1,expert=32 --batch-size 4096 --workdir /shared/runs/vmoe-b16
+# ```
+#
+# Without SLURM, start the same command on every node with `--coordinator-address node0:1234 --num-processes 4
+# --process-id i` (or the environment variables `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`,
+# `JAX_PROCESS_ID`). A Cloud TPU pod slice (e.g. v4-64, 8 hosts), from your workstation:
+#
+# ```bash
+# gcloud compute tpus tpu-vm ssh my-pod --zone us-central2-b --worker=all --command \
+#   "cd moe-course && .venv/bin/moe-course train vmoe --preset vmoe-b/16-every-2 --dataset imagefolder \
+#    --data-dir /data/imagenet --distributed --mesh data=1,expert=32 --batch-size 4096 --workdir gs://bucket/vmoe-b16"
+# ```
+#
+# Every process reads the same batches and feeds its own devices' images; checkpoints are written by all
+# processes together and resume on any device count.
+
+# %%
+if FULL_SCALE:
+    from moe_course.data import load_dataset
+    from moe_course.recipes import recipe_for
+    from moe_course.train import report_devices
+
+    jax.config.update("jax_default_device", None)  # back to the accelerators
+    folder = load_dataset("imagefolder", os.environ["MOE_COURSE_DATA"], image_size=224)
+    big = get_preset("vmoe", "vmoe-s/32-every-2").replace(num_classes=folder.num_classes)
+    report_devices(big)  # prints the devices and warns if JAX sees only a CPU
+    big_mesh = parallel.make_mesh(num_experts=big.num_experts)
+    print("mesh", dict(big_mesh.shape))
+    workdir = os.path.join(os.environ.get("MOE_COURSE_WORKDIR", "runs"), "chapter07-vmoe-s32")
+    big_run = recipe_for(big).replace(batch_size=1024, eval_batch_size=1024)
+    result = train(big, folder, big_run, workdir=workdir, mesh=big_mesh)
+    print(result.history[-1])
+else:
+    print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")

@@ -327,8 +327,7 @@ assert min(low_c.values()) >= 0.4, low_c
 # %%
 if FULL_SCALE:
     from moe_course.data import load_dataset
-
-    from moe_course.train import report_devices
+    from moe_course.train import report_devices, train
 
     cifar = load_dataset("cifar10", os.environ["MOE_COURSE_DATA"], image_size=224)
     big = get_preset("vmoe", "vmoe-s/32-last-2").replace(num_classes=10, representation_size=None, group_size=32)

@@ -35,7 +35,6 @@
 # %%
 import os
 import platform
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import ipywidgets as widgets

@@ -5,7 +5,7 @@ assignment is a small one written here (two answers, 3 points). Needs nbgrader (
 import csv
 import json
 import time
-from pathlib import Path
+
 
 import pytest
 

@@ -52,7 +52,8 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 # libraries have no pages here (no intersphinx: the build works offline), so their names are not links.
 nitpicky = True
 nitpick_ignore_regex = [(r"py:.*", r"(jax|jnp|np|numpy|flax|nnx|optax|orbax|torch|typing|collections|"
-                                   r"dataclasses|pathlib|tqdm|matplotlib|PIL|concurrent|argparse|abc|enum|os|transformers)(\..*)?"),
+                                   r"dataclasses|pathlib|tqdm|matplotlib|PIL|concurrent|argparse|abc|enum|os|transformers|"
+                                   r"jaxlib|nbformat|traitlets)(\..*)?"),
                         # type variables of generic helpers
                         (r"py:class", r"moe_course\.(train\.concurrent\.[TR]|checks\.Config)")]
 

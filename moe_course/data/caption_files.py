@@ -8,8 +8,8 @@ Layout (``root`` is what ``--data-dir`` points at)::
     root/<split>/<image files>           the images the split's caption file names, by path relative to it
 
 A ``.json`` file is in the COCO captions format (``captions_train2017.json`` renamed, with ``train2017/``
-renamed or linked to ``train/``): ``{"images": [{"id": ..., "file_name": ...}, ...], "annotations":
-[{"image_id": ..., "caption": ...}, ...]}``. A ``.tsv`` file has one ``<image file><TAB><caption>`` per line.
+renamed or linked to ``train/``): a JSON object with an ``"images"`` list of ``{"id", "file_name"}`` and an
+``"annotations"`` list of ``{"image_id", "caption"}``. A ``.tsv`` file has one ``<image file><TAB><caption>`` per line.
 Each (image, caption) pair is one example, in file order; an image with five captions gives five examples.
 Everything is checked in the constructor -- the files parse, every caption names an image that exists --
 and each problem raises one ``DataError`` naming the path (and line) and what was expected. Pixels are read

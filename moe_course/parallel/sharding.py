@@ -40,8 +40,8 @@ def expert_spec(ndim: int, mesh: Mesh) -> P:
 
 
 def param_partition_specs(model: nnx.Module, mesh: Mesh) -> nnx.State:
-    """The PartitionSpec of every parameter of ``model`` (an ``nnx.State`` shaped like ``nnx.state(model,
-    nnx.Param)``): expert weights over the ``expert`` axis, everything else replicated (``P()``)."""
+    """The PartitionSpec of every parameter of ``model`` (an ``nnx.State`` shaped like
+    ``nnx.state(model, nnx.Param)``): expert weights over the ``expert`` axis, everything else replicated (``P()``)."""
     experts = expert_module_paths(model)
 
     def spec(path, leaf):

@@ -8,7 +8,8 @@ logits, as the importance loss uses), and ``p~_m(experts)`` is their average ove
 - global entropy ``Omega_global = -H(p~_m(experts))``: small (very negative) when the modality as a whole
   spreads over many experts (Eq. 2, right). Thresholded,
   ``max(0, tau + Omega_global)`` = ``max(0, tau - H(p~_m))``, it pushes only until the marginal entropy
-  reaches tau; with tau = log S the modality must use at least S experts (uniformly; more when unevenly) -- a soft minimum (Sec. 2.2.2, App. B.2);
+  reaches tau; with tau = log S the modality must use at least S experts (uniformly; more when unevenly) --
+  a soft minimum (Sec. 2.2.2, App. B.2);
 - mutual information ``-MI(experts; m) = (1/M) sum_m H(p~_m) - H((1/M) sum_m p~_m)`` over the M modalities
   (App. B.1): one loss for all modalities, without a threshold;
 - for K > 1 experts per token (App. E.1), two replacements of the local loss: target entropy

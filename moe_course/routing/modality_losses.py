@@ -49,6 +49,19 @@ def check_loss_names(field: str, names, allowed: tuple[str, ...]) -> tuple[str, 
     return tuple(names)
 
 
+def check_multimodal_args(modality, losses, taus, joint) -> tuple[dict, tuple[str, ...]]:
+    """The argument checks of ``multimodal_aux_losses`` (JAX and its PyTorch twin): modality must be a
+    (groups, tokens) integer array, the keys of losses and taus modality names, joint names from
+    ``JOINT_LOSSES``. Returns (taus as a dict, joint as a tuple); raises ValueError naming the argument."""
+    check_ndim("modality", modality, 2, "(groups, tokens)")
+    check_integer_array("modality", modality)
+    taus = dict(taus or {})
+    for name in list(losses) + list(taus):
+        if name not in MODALITIES:
+            raise ValueError(f"modality {name!r} is not known; use one of {', '.join(MODALITIES)}")
+    return taus, check_loss_names("joint", joint, JOINT_LOSSES)
+
+
 class MultimodalAuxLosses(NamedTuple):
     """total: scalar float32, weight x mean of the chosen terms (0 when none is chosen). terms: {"text/local_entropy":
     scalar, ..., "mutual_information": scalar} -- every chosen term, unweighted, for logging and plots."""
@@ -79,13 +92,7 @@ def multimodal_aux_losses(
     noise_std: the router noise sigma (None = 1/E) for the load loss. weight: multiplies the mean of the terms.
     Raises ValueError naming an unknown modality or loss name, a bad tau, or a bad modality array.
     """
-    check_ndim("modality", modality, 2, "(groups, tokens)")
-    check_integer_array("modality", modality)
-    taus = dict(taus or {})
-    for name in list(losses) + list(taus):
-        if name not in MODALITIES:
-            raise ValueError(f"modality {name!r} is not known; use one of {', '.join(MODALITIES)}")
-    joint = check_loss_names("joint", joint, JOINT_LOSSES)
+    taus, joint = check_multimodal_args(modality, losses, taus, joint)
     terms: dict[str, jax.Array] = {}
     for m, name in enumerate(MODALITIES):
         mask = modality == m

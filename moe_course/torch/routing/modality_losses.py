@@ -10,7 +10,6 @@ from typing import Mapping, NamedTuple, Sequence
 
 import torch
 
-from moe_course.routing.checks import check_integer_array, check_ndim
 from moe_course.routing.entropy import check_tau
 from moe_course.routing.modality_losses import (
     JOINT_LOSSES,
@@ -19,6 +18,7 @@ from moe_course.routing.modality_losses import (
     PADDING,
     PER_MODALITY_LOSSES,
     check_loss_names,
+    check_multimodal_args,
 )
 from moe_course.torch.routing.entropy import (
     global_entropy_loss,
@@ -74,13 +74,7 @@ def multimodal_aux_losses(
     noisy_logits (groups, tokens, experts) float; modality (groups, tokens) int, an index into ``MODALITIES``
     or ``PADDING``; losses {modality: names from ``PER_MODALITY_LOSSES``}; taus {modality: tau or None};
     joint: names from ``JOINT_LOSSES``; k; noise_std; weight -- same result and same ValueErrors."""
-    check_ndim("modality", modality, 2, "(groups, tokens)")
-    check_integer_array("modality", modality)
-    taus = dict(taus or {})
-    for name in list(losses) + list(taus):
-        if name not in MODALITIES:
-            raise ValueError(f"modality {name!r} is not known; use one of {', '.join(MODALITIES)}")
-    joint = check_loss_names("joint", joint, JOINT_LOSSES)
+    taus, joint = check_multimodal_args(modality, losses, taus, joint)
     terms: dict[str, torch.Tensor] = {}
     for m, name in enumerate(MODALITIES):
         tau = check_tau(taus.get(name))

@@ -39,6 +39,19 @@ def assert_same(jax_value, torch_value, *, atol: float = OUT_ATOL, rtol: float =
         np.testing.assert_allclose(a, b, atol=atol, rtol=rtol, equal_nan=True, err_msg=name)
 
 
+def assert_same_error(call, jax_module, torch_module) -> None:
+    """``call(module, to_array)`` raises ValueError with the same message for the JAX module (arrays from
+    ``jnp.asarray``) and its PyTorch twin (arrays from ``to_torch``)."""
+    import jax.numpy as jnp
+    import pytest
+
+    with pytest.raises(ValueError) as ours:
+        call(jax_module, jnp.asarray)
+    with pytest.raises(ValueError) as twin:
+        call(torch_module, to_torch)
+    assert str(twin.value) == str(ours.value)
+
+
 def assert_same_grad(jax_grad, torch_grad, *, name: str = "") -> None:
     """Gradients equal within GRAD_ATOL + GRAD_RTOL * |gradient|."""
     assert torch_grad is not None, f"{name}: no PyTorch gradient"

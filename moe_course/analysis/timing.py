@@ -30,12 +30,12 @@ def time_ms(fn: Callable, *args, repeats: int) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def best_ms(calls: dict, *, repeats: int, rounds: int) -> dict[str, float]:
+def best_ms(calls: dict, *, repeats: int, rounds: int) -> dict:
     """Time the calls {name: (fn, args)} in turn, ``rounds`` times over; the fastest round of each, in ms.
 
     Taking turns and the minimum keeps a burst of load from another process off the ratios.
     """
-    best: dict[str, float] = {}
+    best: dict = {}
     for _ in range(rounds):
         for name, (fn, args) in calls.items():
             best[name] = min(best.get(name, float("inf")), time_ms(fn, *args, repeats=repeats))
@@ -80,14 +80,15 @@ def expert_sweep(experts: list[int], *, batch: int, tokens: int, width: int, hid
     """Forward+backward milliseconds of Soft MoE and Tokens Choice as the number of experts grows at a fixed
     number of slots / buffer size (Fig. 6 right): {"soft": {E: ms}, "tokens_choice": {E: ms}}.
 
-    x: (batch, tokens, width) float32 normal. Every E's two layers are timed in turn (``best_ms``), so the
-    ratios of one E are taken under the same load.
+    x: (batch, tokens, width) float32 normal. All layers, of every E, are timed in turn (``best_ms``) for
+    ``rounds`` rounds, so the growth from the first E to the last is measured under the same load as the
+    ratio of the two layers at one E.
     """
     x = jax.random.normal(jax.random.key(0), (batch, tokens, width))
+    calls = {(name, e): (fn, (params, x)) for e in experts
+             for name, layer in expert_sweep_layers(e, width, hidden, slots, tokens).items()
+             for fn, params in [grad_step(layer)]}
     times: dict[str, dict[int, float]] = {"soft": {}, "tokens_choice": {}}
-    for e in experts:
-        calls = {name: (fn, (params, x)) for name, layer in expert_sweep_layers(e, width, hidden, slots, tokens).items()
-                 for fn, params in [grad_step(layer)]}
-        for name, ms in best_ms(calls, repeats=repeats, rounds=rounds).items():
-            times[name][e] = ms
+    for (name, e), ms in best_ms(calls, repeats=repeats, rounds=rounds).items():
+        times[name][e] = ms
     return times

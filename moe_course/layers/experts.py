@@ -1,21 +1,10 @@
-"""E expert MLPs with separate weights, applied to their dispatched buffers expert by expert."""
+"""E expert MLPs with separate weights, applied to their dispatched buffers in one batched einsum."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
-
-def per_expert_matmul(x: jax.Array, kernel: jax.Array) -> jax.Array:
-    """x (experts, rows, d_in) @ kernel (experts, d_in, d_out) -> (experts, rows, d_out), expert by expert.
-
-    The same numbers as the batched einsum ``"end,edh->enh"``, computed as one plain 2-D matrix product per
-    expert (``jax.lax.map``). On XLA:CPU the batched product of many small matrices, and above all its
-    gradients, ran slower than the same products one at a time (measured in benchmarks/README.md, issue 11):
-    each expert's product, and each weight gradient, is then an ordinary GEMM on contiguous memory.
-    """
-    return jax.lax.map(lambda pair: pair[0] @ pair[1], (x, kernel))
 
 
 class Experts(nnx.Module):
@@ -41,7 +30,7 @@ class Experts(nnx.Module):
         # Expert-major: every expert multiplies all its groups' slots in one matmul. (A batched einsum over
         # "gecd" puts the batch axis second, which XLA:CPU transposes for the forward and the backward pass.)
         x = jnp.swapaxes(buffers, 0, 1).reshape(experts, groups * capacity, width)
-        h = per_expert_matmul(x, self.fc1_kernel[...]) + self.fc1_bias[...][:, None]
+        h = jnp.einsum("end,edh->enh", x, self.fc1_kernel[...]) + self.fc1_bias[...][:, None]
         h = self.drop(jax.nn.gelu(h, approximate=False), deterministic=deterministic, rngs=rngs)
-        y = per_expert_matmul(h, self.fc2_kernel[...]) + self.fc2_bias[...][:, None]
+        y = jnp.einsum("enh,ehd->end", h, self.fc2_kernel[...]) + self.fc2_bias[...][:, None]
         return jnp.swapaxes(y.reshape(experts, groups, capacity, width), 0, 1)

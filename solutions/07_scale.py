@@ -62,6 +62,9 @@ except ValueError:
 def _hidden_tests():  # local names: the visible tests' variables stay as they were
     # The reference is jax.lax.all_to_all itself. The grading kernel has ONE device, so the n devices are a
     # named axis of jax.vmap: JAX runs the same collective over that axis (its batching rule), on one CPU.
+    # (tests/test_parallel.py checks that parallel.exchange under such a vmap equals, bit for bit, the same
+    # function inside jax.shard_map on 8 devices. apply_experts_parallel on a one-device mesh would not do:
+    # an all-to-all over an axis of size 1 moves nothing.)
     import numpy
     import jax
     from numpy.testing import assert_array_equal
@@ -290,7 +293,8 @@ n, g, experts, capacity, width = 4, 2, 8, 3, 5
 source = np.broadcast_to(np.arange(n)[:, None, None, None, None], (n, g, experts, capacity, width))
 arrived = to_experts(source)
 counted = 4 * 2 * sum(int((arrived[d] != d).sum()) for d in range(n)) // n  # float32, 2 exchanges, per device
-assert all_to_all_bytes(g, experts, capacity, width, n) == counted, (all_to_all_bytes(g, experts, capacity, width, n), counted)
+formula = all_to_all_bytes(g, experts, capacity, width, n)
+assert formula == counted, f"formula {formula} bytes, counted in the simulation {counted} bytes"
 assert all_to_all_bytes(g, experts, capacity, width, 1) == 0, "one device sends nothing"
 ### BEGIN HIDDEN TESTS
 def _hidden_tests():  # local names: the visible tests' variables stay as they were

@@ -1,0 +1,311 @@
+# %% [markdown]
+# # Assignment 7: the all-to-all of expert parallelism
+#
+# With expert parallelism (V-MoE Sec. 2.4 and App. B, after GShard) the E experts of an MoE layer are split
+# over n devices, E / n each, while every device holds different images. Each device routes its own tokens
+# and fills one capacity-padded buffer per expert, `(g, E, B, D)`: g routing groups, E experts, B slots, width
+# D. An **all-to-all** then sends every expert's buffers to the device that holds that expert; the experts run
+# there; a second all-to-all brings the outputs back to the devices that own the tokens.
+#
+# Here you simulate n devices in NumPy: an array whose FIRST axis is the device, `per_device[d]` being what
+# device d holds. You write the all-to-all, both exchanges of an MoE layer, where each expert lives, the
+# whole expert-parallel step, and the bytes it sends. The graded tests compare with `moe_course.parallel`,
+# whose exchange is `jax.lax.all_to_all` inside `jax.shard_map`.
+#
+# Run `moe-course course validate 07_scale.ipynb` before you hand in.
+
+# %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
+import numpy as np
+
+rng = np.random.default_rng(0)
+
+# %% [markdown]
+# ## 1. The all-to-all (3 points)
+#
+# `all_to_all(per_device, split_axis, concat_axis)` simulates `jax.lax.all_to_all(x, axis_name, split_axis,
+# concat_axis, tiled=True)` over n devices. `per_device` has shape `(n, ...)`; `split_axis` and `concat_axis`
+# count the axes of ONE device's array `per_device[d]` (so axis 0 of a device's array is axis 1 of
+# `per_device`). Every device cuts its array along `split_axis` into n equal chunks and sends chunk j to device
+# j (chunk d stays on device d). Every device then joins the n chunks it received along `concat_axis`, in the
+# order of the devices that sent them (the chunk from device 0 first). Returns the new `(n, ...)` array.
+#
+# For example, with n = 2 and 1-D arrays, device 0 holding `[a, b]` and device 1 holding `[c, d]`, the
+# all-to-all with both axes 0 leaves `[a, c]` on device 0 and `[b, d]` on device 1: a transpose of the
+# chunks. Raise a ValueError when the split axis does not divide by n.
+
+# %% nbgrader={"grade": false, "grade_id": "all_to_all_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def all_to_all(per_device, split_axis, concat_axis):
+    ### BEGIN SOLUTION
+    n = per_device.shape[0]
+    if per_device.shape[1 + split_axis] % n:
+        raise ValueError(f"axis {split_axis} of size {per_device.shape[1 + split_axis]} does not split into {n} chunks")
+    chunks = [np.split(local, n, axis=split_axis) for local in per_device]  # chunks[source][destination]
+    return np.stack([np.concatenate([chunks[source][dest] for source in range(n)], axis=concat_axis)
+                     for dest in range(n)])
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "all_to_all_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+two = np.array([[10, 11], [20, 21]])  # device 0 holds [10, 11], device 1 holds [20, 21]
+assert all_to_all(two, 0, 0).tolist() == [[10, 20], [11, 21]], all_to_all(two, 0, 0).tolist()
+local = rng.normal(size=(4, 3, 8, 2))  # 4 devices, each with a (3, 8, 2) array
+moved = all_to_all(local, 1, 0)
+assert moved.shape == (4, 12, 2, 2), f"expected (4, 12, 2, 2), got {moved.shape}"
+assert np.array_equal(moved[1, 6:9], local[2][:, 2:4]), "device 1 receives device 2's second chunk in rows 6-8"
+assert np.array_equal(all_to_all(moved, 0, 1), local), "cutting along the joined axis and back is the inverse"
+try:
+    all_to_all(local, 0, 0)
+    raise AssertionError("3 rows do not split over 4 devices: expected a ValueError")
+except ValueError:
+    pass
+### BEGIN HIDDEN TESTS
+def _hidden_tests():  # local names: the visible tests' variables stay as they were
+    # The reference is jax.lax.all_to_all itself. The grading kernel has ONE device, so the n devices are a
+    # named axis of jax.vmap: JAX runs the same collective over that axis (its batching rule), on one CPU.
+    # (tests/test_parallel.py checks that parallel.exchange under such a vmap equals, bit for bit, the same
+    # function inside jax.shard_map on 8 devices. apply_experts_parallel on a one-device mesh would not do:
+    # an all-to-all over an axis of size 1 moves nothing.)
+    import numpy
+    import jax
+    from numpy.testing import assert_array_equal
+
+    draw = numpy.random.default_rng(71)
+    cases = [(numpy.arange(4 * 8 * 6, dtype=numpy.float32).reshape(4, 8, 6), 0, 1),
+             (draw.normal(size=(2, 6, 4, 3)).astype(numpy.float32), 1, 0),
+             (draw.normal(size=(3, 2, 6, 5)).astype(numpy.float32), 1, 2),
+             (draw.normal(size=(4, 4, 3)).astype(numpy.float32), 0, 0),
+             (draw.normal(size=(1, 2, 3)).astype(numpy.float32), 0, 1)]
+
+    def collective(x, split_axis, concat_axis):
+        return jax.vmap(lambda a: jax.lax.all_to_all(a, "devices", split_axis, concat_axis, tiled=True),
+                        axis_name="devices")(x)
+
+    expected = [numpy.asarray(collective(x, s, c)) for x, s, c in cases]
+    for (x, s, c), want in zip(cases, expected):
+        assert_array_equal(numpy.asarray(all_to_all(x.copy(), s, c)), want)
+    try:
+        all_to_all(draw.normal(size=(4, 6, 2)), 0, 1)
+    except ValueError:
+        pass
+    else:
+        raise AssertionError("6 rows over 4 devices must raise ValueError")
+
+
+_hidden_tests()
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 2. The two exchanges of an MoE layer (3 points)
+#
+# Device d holds `buffers[d]`, `(g, E, B, D)`: its g groups' buffers for all E experts. Device j holds experts
+# `j * E/n ... (j+1) * E/n - 1`.
+#
+# - `to_experts(buffers)`: `(n, g, E, B, D) -> (n, n * g, E/n, B, D)`. Cut the expert axis into n blocks, send
+#   block j to device j, stack what arrives along the group axis: device j ends up with every device's groups,
+#   but only for its own experts (source device i in rows `i*g ... (i+1)*g - 1`).
+# - `to_owners(inbox)`: the way back, `(n, n * g, E/n, B, D) -> (n, g, E, B, D)`, so that
+#   `to_owners(to_experts(b))` equals `b`.
+#
+# Both are one call of your `all_to_all`: which axis is cut, which is joined?
+
+# %% nbgrader={"grade": false, "grade_id": "exchange_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def to_experts(buffers):
+    ### BEGIN SOLUTION
+    return all_to_all(buffers, split_axis=1, concat_axis=0)
+    ### END SOLUTION
+
+
+def to_owners(inbox):
+    ### BEGIN SOLUTION
+    return all_to_all(inbox, split_axis=0, concat_axis=1)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "exchange_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+buffers = rng.normal(size=(4, 2, 8, 3, 5))  # n=4 devices, g=2 groups, E=8 experts, B=3 slots, D=5
+inbox = to_experts(buffers)
+assert inbox.shape == (4, 8, 2, 3, 5), f"expected (4, 8, 2, 3, 5), got {inbox.shape}"
+assert np.array_equal(inbox[3, 2:4], buffers[1][:, 6:8]), "device 3 holds experts 6-7; device 1's groups in rows 2-3"
+assert np.array_equal(to_owners(inbox), buffers), "to_owners undoes to_experts"
+### BEGIN HIDDEN TESTS
+def _hidden_tests():  # local names: the visible tests' variables stay as they were
+    # The library's own exchange (jax.lax.all_to_all over the mesh's "expert" axis), its n devices simulated
+    # as a named vmap axis of that name, since the grading kernel has one device (see the first hidden test).
+    import functools
+    import numpy
+    import jax
+    from numpy.testing import assert_array_equal
+    from moe_course.parallel import EXPERT, exchange
+
+    draw = numpy.random.default_rng(72)
+    there = jax.vmap(exchange, axis_name=EXPERT)
+    back = jax.vmap(functools.partial(exchange, back=True), axis_name=EXPERT)
+    cases = [draw.normal(size=shape).astype(numpy.float32) for shape in
+             [(2, 1, 4, 3, 2), (4, 3, 8, 2, 3), (8, 2, 8, 1, 4), (1, 2, 3, 2, 2)]]
+    expected = [(numpy.asarray(there(b)), numpy.asarray(back(there(b)))) for b in cases]
+    for b, (want_there, want_back) in zip(cases, expected):
+        assert_array_equal(numpy.asarray(to_experts(b.copy())), want_there)
+        assert_array_equal(numpy.asarray(to_owners(want_there.copy())), want_back)
+
+
+_hidden_tests()
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. Where each expert lives (2 points)
+#
+# `expert_home(expert, num_experts, devices)`: the device (0 ... devices - 1) that holds expert `expert` when
+# `num_experts` experts are split over `devices` devices in equal consecutive blocks, as in task 2. Raise a
+# ValueError when `num_experts` does not divide by `devices` (the library refuses such a mesh too).
+
+# %% nbgrader={"grade": false, "grade_id": "home_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def expert_home(expert, num_experts, devices):
+    ### BEGIN SOLUTION
+    if num_experts % devices:
+        raise ValueError(f"num_experts={num_experts} does not split over {devices} devices")
+    return expert // (num_experts // devices)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "home_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert [expert_home(e, 8, 4) for e in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+assert expert_home(5, 8, 1) == 0 and expert_home(5, 8, 8) == 5
+### BEGIN HIDDEN TESTS
+def _hidden_tests():  # local names: the visible tests' variables stay as they were
+    # Where the library's exchange delivers each expert's buffer: tag expert e's buffer with e, exchange over a
+    # vmapped "expert" axis of n simulated devices, read which device received it.
+    import numpy
+    import jax
+    from moe_course.parallel import EXPERT, check_experts, exchange
+
+    cases = [(e, n) for e, n in [(8, 1), (8, 2), (8, 4), (8, 8), (12, 3), (32, 4), (6, 6)]]
+    homes = []
+    for experts, n in cases:
+        tags = numpy.broadcast_to(numpy.arange(experts, dtype=numpy.float32)[None, None, :, None, None],
+                                  (n, 1, experts, 1, 1))
+        inbox = numpy.asarray(jax.vmap(exchange, axis_name=EXPERT)(tags))  # (n, n, E/n, 1, 1)
+        home = numpy.full(experts, -1)
+        for device in range(n):
+            home[inbox[device, 0, :, 0, 0].astype(int)] = device
+        homes.append(home.tolist())
+    refused = []
+    for experts, n in [(8, 3), (6, 4), (10, 4)]:
+        try:
+            check_experts(experts, n)
+        except ValueError:
+            refused.append((experts, n))
+    assert len(refused) == 3
+    for (experts, n), home in zip(cases, homes):
+        assert [int(expert_home(e, experts, n)) for e in range(experts)] == home, (experts, n)
+    for experts, n in refused:
+        try:
+            expert_home(0, experts, n)
+        except ValueError:
+            continue
+        raise AssertionError(f"{experts} experts over {n} devices must raise ValueError")
+
+
+_hidden_tests()
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. The expert-parallel step (2 points)
+#
+# `expert_parallel(buffers, local_experts)` runs an MoE layer's experts with the all-to-all: the buffers
+# `(n, g, E, B, D)` go to the experts' devices (task 2); device j calls `local_experts(j, inbox_j)` on what it
+# received, `(n * g, E/n, B, D)`, which applies its own E/n experts and returns the same shape; the outputs go
+# back to the devices that own the tokens. Returns `(n, g, E, B, D)`: the same numbers as running every expert
+# on one device. (The gates and the combine step stay on the token's device, as in chapter 2.)
+
+# %% nbgrader={"grade": false, "grade_id": "parallel_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def expert_parallel(buffers, local_experts):
+    ### BEGIN SOLUTION
+    inbox = to_experts(buffers)
+    outbox = np.stack([np.asarray(local_experts(device, inbox[device])) for device in range(len(inbox))])
+    return to_owners(outbox)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "parallel_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+scale = np.arange(1.0, 9.0)  # 8 experts; expert e multiplies its tokens by e + 1
+
+
+def scaling_experts(device, inbox):  # device j of 4 holds experts 2j and 2j + 1
+    return inbox * scale[2 * device:2 * device + 2][None, :, None, None]
+
+
+buffers = rng.normal(size=(4, 2, 8, 3, 5))
+assert np.allclose(expert_parallel(buffers, scaling_experts), buffers * scale[None, None, :, None, None])
+### BEGIN HIDDEN TESTS
+def _hidden_tests():  # local names: the visible tests' variables stay as they were
+    # The library's Experts module (the MLPs of a V-MoE layer). Device j runs a copy holding only experts
+    # j*E/n ... (j+1)*E/n - 1 -- the shard of the weights that jax.shard_map hands to device j in
+    # moe_course.parallel.apply_experts_parallel -- and the result must equal all experts on one device.
+    import numpy
+    import jax
+    from flax import nnx
+    from numpy.testing import assert_allclose
+    from moe_course.layers.experts import Experts
+
+    n, g, experts, capacity, width = 4, 2, 8, 3, 6
+    module = Experts(experts, width, 10, rngs=nnx.Rngs(7))
+    graphdef, state = nnx.split(module)
+    per = experts // n
+    shards = [nnx.merge(graphdef, jax.tree.map(lambda w, j=j: w[j * per:(j + 1) * per], state)) for j in range(n)]
+    buffers = numpy.random.default_rng(74).normal(size=(n, g, experts, capacity, width)).astype(numpy.float32)
+    one_device = numpy.asarray(module(buffers.reshape(n * g, experts, capacity, width))).reshape(buffers.shape)
+    calls = []
+
+    def local_experts(device, inbox):
+        calls.append(int(device))
+        assert numpy.shape(inbox) == (n * g, per, capacity, width), numpy.shape(inbox)
+        return numpy.asarray(shards[device](numpy.asarray(inbox, numpy.float32)))
+
+    got = numpy.asarray(expert_parallel(buffers.copy(), local_experts))
+    assert sorted(calls) == list(range(n)), f"every device runs its experts once, got calls {calls}"
+    assert_allclose(got, one_device, rtol=1e-5, atol=1e-5)
+
+
+_hidden_tests()
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. Bytes sent per device (2 points)
+#
+# Every buffer is padded to B slots, full or not, so the traffic does not depend on the routing. In one
+# exchange a device keeps the block for its own experts and sends the other n - 1 blocks, each `g * (E/n) * B
+# * D` numbers; the forward pass of an MoE layer exchanges twice (there and back).
+# `all_to_all_bytes(groups_per_device, num_experts, capacity, dim, devices, itemsize=4)` returns the bytes one
+# device sends per MoE layer (`itemsize` bytes per number: 4 for float32).
+
+# %% nbgrader={"grade": false, "grade_id": "bytes_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def all_to_all_bytes(groups_per_device, num_experts, capacity, dim, devices, itemsize=4):
+    ### BEGIN SOLUTION
+    per_block = groups_per_device * (num_experts // devices) * capacity * dim
+    return 2 * (devices - 1) * per_block * itemsize
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "bytes_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# Count it with the simulation: tag every number with the device that holds it, exchange, and count the numbers
+# that arrive from another device (there and back send the same amount).
+n, g, experts, capacity, width = 4, 2, 8, 3, 5
+source = np.broadcast_to(np.arange(n)[:, None, None, None, None], (n, g, experts, capacity, width))
+arrived = to_experts(source)
+counted = 4 * 2 * sum(int((arrived[d] != d).sum()) for d in range(n)) // n  # float32, 2 exchanges, per device
+formula = all_to_all_bytes(g, experts, capacity, width, n)
+assert formula == counted, f"formula {formula} bytes, counted in the simulation {counted} bytes"
+assert all_to_all_bytes(g, experts, capacity, width, 1) == 0, "one device sends nothing"
+### BEGIN HIDDEN TESTS
+def _hidden_tests():  # local names: the visible tests' variables stay as they were
+    from moe_course.parallel import all_to_all_bytes as reference
+
+    cases = [(g, e, b, d, n, s) for g in (1, 3) for e, n in [(8, 1), (8, 2), (8, 8), (32, 4), (12, 6)]
+             for b, d in [(1, 4), (5, 16)] for s in (2, 4)]
+    expected = [reference(g, e, b, d, n, itemsize=s) for g, e, b, d, n, s in cases]
+    got = [int(all_to_all_bytes(g, e, b, d, n, itemsize=s)) for g, e, b, d, n, s in cases]
+    assert got == expected, [case for case, a, b in zip(cases, got, expected) if a != b][:3]
+
+
+_hidden_tests()
+### END HIDDEN TESTS

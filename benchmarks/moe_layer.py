@@ -13,6 +13,8 @@ Usage: python benchmarks/moe_layer.py [--experts 8 32] [--k 1 2] [--quick]
 
 from __future__ import annotations
 
+import os
+import resource
 import warnings
 
 import jax
@@ -36,6 +38,18 @@ def _peak_mib(compiled) -> float:
     return (stats.temp_size_in_bytes + stats.output_size_in_bytes) / MIB
 
 
+def _faulted_mib(fn, *args, calls: int = 3) -> float:
+    """MiB of fresh memory the kernel had to map per call (minor page faults of this process x page size).
+
+    Output and temporary buffers larger than glibc's mmap threshold are fresh pages on every call; each
+    4 KiB page costs a fault and zeroing unless transparent huge pages back them (see benchmarks/README.md)."""
+    jax.block_until_ready(fn(*args))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        jax.block_until_ready(fn(*args))
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls * resource.getpagesize() / MIB
+
+
 def _layer_table(args) -> None:
     x = jax.random.normal(jax.random.key(0), (args.batch, args.tokens, args.width))
     group_tokens = args.group_size * args.tokens
@@ -43,7 +57,7 @@ def _layer_table(args) -> None:
           f"tokens, width {args.width}, expert hidden {args.hidden}, C {args.capacity_ratio}, "
           f"{group_tokens} tokens per group, dispatch {args.dispatch!r}")
     print(f"{'experts':>7} {'k':>3} {'capacity':>8} {'dense hidden':>12} {'dense ms':>9} {'moe ms':>9} "
-          f"{'moe/dense':>9}")
+          f"{'moe/dense':>9} {'faulted MiB/call dense, moe':>27}")
     for num_experts in args.experts:
         for k in args.k:
             if k > num_experts:
@@ -68,8 +82,9 @@ def _layer_table(args) -> None:
                              repeats=args.repeats, rounds=args.rounds)
             t_dense, t_moe = times["dense"], times["moe"]
             capacity = expert_capacity(k, group_tokens, args.capacity_ratio, num_experts)
+            faulted = f"{_faulted_mib(dense_grad, dense_params, x):.0f}, {_faulted_mib(moe_grad, moe_params, x):.0f}"
             print(f"{num_experts:>7} {k:>3} {capacity:>8} {k * args.hidden:>12} {t_dense:>9.2f} {t_moe:>9.2f} "
-                  f"{t_moe / t_dense:>9.2f}")
+                  f"{t_moe / t_dense:>9.2f} {faulted:>27}")
 
 
 def _dispatch_table(args) -> None:
@@ -142,7 +157,7 @@ def main() -> None:
     # Small groups round the capacity by more than 1 %; the tables print the capacity that was used.
     warnings.simplefilter("ignore", CapacityRoundingWarning)
     print(f"device: {jax.devices()[0].device_kind}; fastest of {args.rounds} round(s) of {args.repeats} calls, "
-          f"taken in turn")
+          f"taken in turn; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     _layer_table(args)
     _dispatch_table(args)
 

@@ -130,6 +130,20 @@ def test_a_widget_output_becomes_a_note():
     assert [c["mime_type"] for c in document.children[1].children] == ["text/plain", "image/png"]
 
 
+def test_docstring_lines_keep_their_layout_but_sentences_flow():
+    """A sentence broken over source lines becomes one line of the line block (the browser wraps it at the
+    page's width); a shape per line, list items, lines after a colon and indented lines keep their own line."""
+    lines = ["Routing as pure functions, built step by", "step, with the papers' literal loops.",
+             "x: (groups, tokens, dim) float32", "gates: (groups, tokens, k), summing", "  to 1 over the k choices",
+             "Two ways:", "- vanilla (Algorithm 1): tokens in order;", "- BPR: by priority, highest",
+             "first.", "", "Raises ValueError for an unknown name."]
+    course_site.plain_text_docstring(None, "function", "f", None, {}, lines)
+    assert lines == ["| Routing as pure functions, built step by step, with the papers' literal loops.",
+                     "| x: (groups, tokens, dim) float32", "| gates: (groups, tokens, k), summing",
+                     "|   to 1 over the k choices", "| Two ways:", "| - vanilla (Algorithm 1): tokens in order;",
+                     "| - BPR: by priority, highest first.", "", "| Raises ValueError for an unknown name."]
+
+
 def test_a_chapter_that_fails_names_itself_and_its_cell(tmp_path):
     """A chapter whose cell raises fails the build, and the message names the chapter and the cell."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("_build", "chapters", "api"))

@@ -22,6 +22,7 @@ import jupytext
 import nbformat
 from docutils import nodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
+from sphinx.util.inspect import signature as sphinx_signature, stringify_signature
 
 REPO = Path(__file__).resolve().parents[2]
 CHAPTER_GLOB = "[0-9][0-9]_*.py"
@@ -237,9 +238,9 @@ def _escape(text: str) -> str:
 def plain_text_docstring(app, what, name, obj, options, lines: list[str]) -> None:
     """``autodoc-process-docstring``: the library's docstrings are plain text, laid out by hand (a shape per
     line, hanging indents, lists right under a sentence, tables of ``=`` borders). Show them as written:
-    each line as a line of a reStructuredText line block (indentation kept), tables and ``::`` examples as
-    preformatted blocks; inline code in double backquotes and roles still render. So no docstring needs
-    reStructuredText care to pass the strict build."""
+    each line as a line of a reStructuredText line block (indentation kept; a line that only goes on with the
+    sentence before it joins it), tables and ``::`` examples as preformatted blocks; inline code in double
+    backquotes and roles still render. So no docstring needs reStructuredText care to pass the strict build."""
     out: list[str] = []
     literal_indent, table_borders = None, 0
     for line in lines:
@@ -264,9 +265,26 @@ def plain_text_docstring(app, what, name, obj, options, lines: list[str]) -> Non
         elif line.rstrip().endswith("::"):
             out += ["", "| " + " " * _indent(line) + _escape(line.strip()[:-2]) + ":", "", "::", ""]
             literal_indent = _indent(line)
+        elif _continues(out, line):
+            out[-1] += " " + _escape(line.strip())
         else:
             out.append("| " + " " * _indent(line) + _escape(line.strip()))
     lines[:] = out
+
+
+_FIELD = re.compile(r"^[\w.\[\]]+(?: \w+)?: ")  # "x: (batch, tokens) ...", "Raises ValueError: ..."
+
+
+def _continues(out: list[str], line: str) -> bool:
+    """Whether ``line`` goes on with the sentence of the line block line before it (same indentation, starts
+    in lower case, is no "name: ..." field, the line before does not end in a colon): then it joins that line,
+    so that the browser wraps the sentence at the page's width instead of at the source's line breaks."""
+    if not out or not out[-1].startswith("| "):
+        return False
+    before = out[-1][2:]
+    text = line.strip()
+    return (_indent(before) == _indent(line) and text[:1].islower() and not _FIELD.match(text)
+            and not before.rstrip().endswith(":"))
 
 
 def skip_namedtuple_fields(app, what, name, obj, skip, options):
@@ -283,10 +301,14 @@ _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 def qualify_annotations(app, what, name, obj, options, signature, return_annotation):
     """``autodoc-process-signature``: a string annotation Python cannot evaluate here (it names a type imported
     only for type checkers) stays as written, so ``ViT`` would be ambiguous between the JAX and PyTorch
-    classes. Write each library class by its full name, as the module's own globals resolve it."""
+    classes. Write each library class by its full name, as the module's own globals resolve it.
+    A Flax NNX module's class signature is its metaclass's ``(*args, **kwargs)``: show ``__init__``'s instead."""
     module = inspect.getmodule(obj)
     if module is None or not module.__name__.startswith("moe_course"):
         return None
+    if what == "class" and signature == "(*args: Any, **kwargs: Any)" and "__init__" in vars(obj):
+        signature = stringify_signature(sphinx_signature(obj.__init__, bound_method=True),
+                                        show_return_annotation=False)
 
     def full(match):
         value = vars(module).get(match.group(0))

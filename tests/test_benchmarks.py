@@ -43,8 +43,8 @@ def test_moe_layer_benchmark():
     # --max-onehot-gib small enough that the 256-token group of --quick takes the skip path, not the 64 one.
     out = _run("moe_layer.py", "--quick", "--max-onehot-gib", "0.0003")
     assert "moe/dense" in out and "einsum/gather ms" in out and "einsum/gather MiB" in out
-    layer = _row(out, "moe/dense", "8")
-    assert len(layer) == 7 and all(_is_number(field) for field in layer)
+    layer = _row(out, "moe/dense", "8")  # ... ratio, then "faulted MiB/call dense, moe" as "12, 34"
+    assert len(layer) == 9 and all(_is_number(field.removesuffix(",")) for field in layer)
     small = _row(out, "einsum/gather ms", "64")
     assert len(small) == 8 and all(_is_number(field) for field in small)
     large = _row(out, "einsum/gather ms", "256")

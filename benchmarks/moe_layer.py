@@ -7,7 +7,12 @@ Table 2: the routing alone -- ``dispatch`` then ``combine`` with an identity exp
 w.r.t. x -- for the one-hot "einsum" reference and the index "gather" implementation, over group sizes:
 milliseconds and compiled peak memory (temp + output of XLA's memory analysis). The einsum one-hot
 (groups, tokens, experts, capacity) tensor grows quadratically with the group size; a size whose one-hot
-tensor (or compiled memory) exceeds --max-onehot-gib is not run. All numbers are measured side by side in one run.
+tensor (or compiled memory) exceeds --max-onehot-gib is not run.
+Table 3: where the experts' product loses time against the dense one. The forward expert product of table 1
+(each of E experts multiplies its R = groups x capacity slot rows by its own width x hidden matrix) three ways
+with the same FLOPs: the batched einsum of ``Experts`` (E distinct weights), the same R-row product called E
+times on one weight (which stays in cache), and one 2-D product of E*R rows (the dense MLP's shape).
+All numbers are measured side by side in one run.
 Usage: python benchmarks/moe_layer.py [--experts 8 32] [--k 1 2] [--quick]
 """
 
@@ -18,6 +23,7 @@ import resource
 import warnings
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from moe_course.analysis.timing import best_ms
@@ -85,6 +91,30 @@ def _layer_table(args) -> None:
             faulted = f"{_faulted_mib(dense_grad, dense_params, x):.0f}, {_faulted_mib(moe_grad, moe_params, x):.0f}"
             print(f"{num_experts:>7} {k:>3} {capacity:>8} {k * args.hidden:>12} {t_dense:>9.2f} {t_moe:>9.2f} "
                   f"{t_moe / t_dense:>9.2f} {faulted:>27}")
+
+
+def _weights_table(args) -> None:
+    print(f"\nforward expert product, width {args.width} x hidden {args.hidden}, same FLOPs three ways: "
+          f"E distinct weights (batched einsum) / one weight called E times / one 2-D product of E*R rows")
+    print(f"{'experts':>7} {'k':>3} {'rows R':>6} {'weights MiB':>11} {'distinct ms':>11} {'one weight ms':>13} "
+          f"{'2-D ms':>8} {'distinct/2-D':>12} {'one weight/2-D':>14}")
+    groups = args.batch // args.group_size
+    for num_experts in args.experts:
+        for k in [k for k in args.k if k <= num_experts]:
+            rows = groups * expert_capacity(k, args.group_size * args.tokens, args.capacity_ratio, num_experts)
+            kx, kw = jax.random.split(jax.random.key(num_experts * 10 + k))
+            x = jax.random.normal(kx, (num_experts, rows, args.width))
+            w = jax.random.normal(kw, (num_experts, args.width, args.hidden))
+            batched = jax.jit(lambda x, w: jnp.einsum("end,edh->enh", x, w))
+            product = jax.jit(jnp.matmul)
+            one_weight = lambda slices, w: [product(rows_e, w) for rows_e in slices]
+            slices = list(x)  # split before timing: eager slicing would be timed with the products
+            times = best_ms({"distinct": (batched, (x, w)), "one": (one_weight, (slices, w[0])),
+                             "2d": (product, (x.reshape(-1, args.width), w[0]))},
+                            repeats=args.repeats, rounds=args.rounds)
+            print(f"{num_experts:>7} {k:>3} {rows:>6} {w.nbytes / MIB:>11.1f} {times['distinct']:>11.2f} "
+                  f"{times['one']:>13.2f} {times['2d']:>8.2f} {times['distinct'] / times['2d']:>12.2f} "
+                  f"{times['one'] / times['2d']:>14.2f}")
 
 
 def _dispatch_table(args) -> None:
@@ -160,6 +190,7 @@ def main() -> None:
           f"taken in turn; GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '(unset)')}")
     _layer_table(args)
     _dispatch_table(args)
+    _weights_table(args)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,8 @@ def test_moe_layer_benchmark():
     assert len(small) == 8 and all(_is_number(field) for field in small)
     large = _row(out, "einsum/gather ms", "256")
     assert large[4] == "skipped" and "GiB one-hot" in " ".join(large)
+    products = _row(out, "distinct/2-D", "8")  # experts, k, rows, MiB, three times, two ratios
+    assert len(products) == 9 and all(_is_number(field) for field in products)
 
 
 def test_soft_moe_benchmark():

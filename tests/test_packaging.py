@@ -73,4 +73,4 @@ def test_accelerator_extras_name_real_jax_extras():
 
 def test_console_script_is_declared():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["scripts"]["moe-course"] == "moe_course.cli:main"
+    assert project["scripts"]["moe-course"] == "moe_course.launch:main"

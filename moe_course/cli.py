@@ -233,13 +233,24 @@ def _train(args) -> dict:
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
     init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
+    final_split = _final_split(dataset)
     if mesh is not None:
         print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
                    init_model=init_model, mesh=mesh)
-    metrics = _test_metrics(result.model, dataset, "test", train_config.eval_batch_size)
+    metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
             **metrics}
+
+
+def _final_split(dataset) -> str | None:
+    """The split the finished run is scored on: test, or val where the dataset has no test split (an ImageNet
+    folder ships train/ and val/ only), or None when both are empty; said before training starts."""
+    split = next((s for s in ("test", "val") if dataset.split_size(s)), None)
+    if split != "test":
+        print(f"{dataset.name!r} has no test split: the finished run is scored on "
+              f"{'its val split' if split else 'nothing (val is empty too)'}")
+    return split
 
 
 def _evaluate(args) -> dict:

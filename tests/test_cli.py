@@ -97,3 +97,25 @@ def test_limoe_on_a_caption_file_that_does_not_match_the_images_is_a_one_line_er
     line = _error_line(capsys)
     assert str(tmp_path / "train" / "b.png") in line and "the caption file does not match" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_an_imagenet_style_folder_without_test_split_is_scored_on_val(tmp_path, capsys):
+    """ImageNet ships train/ and val/ only: the run says before training that it will score val, and does."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 8), ("val", 2)):
+        for name in ("n01440764", "n01443537"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(count):
+                Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(
+                    tmp_path / "data" / split / name / f"{name}_{i}.JPEG")
+    argv = ["train", "vit", "--preset", "digits-tiny", "--image-size", "16", "--batch-size", "4", "--steps", "2",
+            "--warmup-steps", "1", "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"),
+            "--workdir", str(tmp_path / "run"), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    notice = "'imagefolder' has no test split: the finished run is scored on its val split"
+    assert notice in out and out.index(notice) < out.index("train_seconds:")
+    assert "val_accuracy:" in out and "test_accuracy" not in out

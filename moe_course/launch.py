@@ -51,11 +51,6 @@ def huge_pages_environment(environ: dict[str, str], system: str, libc: tuple[str
     return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, [tunables, f"{TUNABLE}=1"]))}
 
 
-def huge_pages_on() -> bool:
-    """Whether this process started with glibc's huge-page setting for large allocations."""
-    return f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", "").split(":")
-
-
 def reexec_with_huge_pages() -> None:
     """Replace this process by the same command line started with huge pages, when ``huge_pages_environment``
     says so (same PID, arguments and standard streams); otherwise return. An exec that fails is ignored."""

@@ -51,14 +51,17 @@ def course_paths(course_dir: Path) -> dict[str, Path]:
 
 
 def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits = Limits(),
-                    kernel_name: str | None = None) -> Config:
+                    kernel_name: str | None = None, sockets: Path | None = None) -> Config:
     """The traitlets Config for nbgrader's API on ``course_dir``.
 
     db: the gradebook to use (default: the master ``gradebook.db``). kernel_name: the kernelspec that runs
     submissions (the grading kernel) -- None keeps each notebook's own (for release). Grade cells deleted,
     duplicated or changed by a student are restored from the gradebook (OverwriteCells.add_missing_cells,
     nbgrader's checksums and DeduplicateIds); a cell running past ``limits.cell_timeout`` is interrupted and
-    fails.
+    fails. sockets: a folder of this process's own (short path: Unix socket names hold at most 107 bytes)
+    where the kernel's channels become Unix sockets (ZeroMQ's ``ipc`` transport) instead of TCP ports -- two
+    grading processes that start kernels at the same moment can otherwise be handed the same free port, and
+    the kernel that loses the race dies before it answers.
     """
     paths = course_paths(course_dir)
     c = Config()
@@ -74,6 +77,9 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     c.Execute.startup_timeout = 120
     if kernel_name is not None:
         c.Execute.kernel_name = kernel_name
+    if sockets is not None:
+        c.KernelManager.transport = "ipc"
+        c.KernelManager.ip = str(Path(sockets).resolve() / "kernel")
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
     c.Autograde.create_student = True
     c.GenerateFeedback.force = True

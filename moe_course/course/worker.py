@@ -4,7 +4,8 @@ one per submission, in parallel, each with a wall-clock limit).
 The worker grades into its own copy of the master gradebook (``gradebooks/<assignment>/<student>.db``), so
 a crash, a kill or a hostile submission can only ever lose that one student's record, and parallel workers
 never write the same database. It writes ``gradebooks/<assignment>/<student>.json``: status ("graded" or
-"failed"), the error if any, seconds, score, max_score and the score of every grade cell.
+"failed"), the error if any, seconds, score, max_score and the score of every grade cell. A failed
+submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
 Run as ``python -m moe_course.course.worker COURSE_DIR ASSIGNMENT STUDENT CELL_TIMEOUT MEMORY_BYTES CPU_SECONDS``.
 """
@@ -12,17 +13,24 @@ Run as ``python -m moe_course.course.worker COURSE_DIR ASSIGNMENT STUDENT CELL_T
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from moe_course.course.config import Limits, course_paths, nbgrader_config
 from moe_course.course.kernel import KERNEL_NAME
 
+KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
+# What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
+KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying to kernel_info")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:|$)")
+
 
 def record_paths(course_dir: Path, assignment: str, student: str) -> tuple[Path, Path]:
-    """(gradebook copy, result json) of one submission."""
+    """(gradebook copy, result json) of one submission; its failure log is the json path with ``.log``."""
     folder = course_paths(course_dir)["gradebooks"] / assignment
     return folder / f"{student}.db", folder / f"{student}.json"
 
@@ -38,35 +46,51 @@ def submission_scores(db: Path, assignment: str, student: str) -> dict:
 
 
 def grade_submission(course_dir: Path, assignment: str, student: str, limits: Limits) -> dict:
-    """Autograde one submission into its own gradebook copy; returns (and writes) its result record."""
-    from nbgrader.apps import NbGraderAPI
+    """Autograde one submission into its own gradebook copy; returns (and writes) its result record.
 
-    paths = course_paths(course_dir)
+    A kernel that never answered at start-up (before any submitted code ran, so never the student's doing)
+    is started once more; the record's error then says so if that failed too.
+    """
     db, result_path = record_paths(course_dir, assignment, student)
     db.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(paths["db"], db)
     start = time.perf_counter()
-    api = NbGraderAPI(config=nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME))
-    outcome = api.autograde(assignment, student, force=True, create=True)
+    for attempt in range(1, KERNEL_STARTS + 1):
+        outcome = _autograde(course_dir, assignment, student, limits, db)
+        log = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
+        if outcome["success"] or not any(sign in log for sign in KERNEL_START_FAILURES):
+            break
     record = {"student": student, "assignment": assignment, "seconds": round(time.perf_counter() - start, 2)}
     if outcome["success"]:
         record.update(status="graded", error="", **submission_scores(db, assignment, student))
     else:
-        error = (outcome.get("error") or "") + "\n" + (outcome.get("log") or "")
-        record.update(status="failed", error=summarise_error(error), score=0.0, max_score=None, cells={})
+        result_path.with_suffix(".log").write_text(log)
+        error = summarise_error(log) + (f" (kernel started {attempt} times)" if attempt > 1 else "")
+        record.update(status="failed", error=error, score=0.0, max_score=None, cells={})
     result_path.write_text(json.dumps(record, indent=1))
     return record
 
 
+def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path) -> dict:
+    """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook)."""
+    from nbgrader.apps import NbGraderAPI
+
+    shutil.copyfile(course_paths(course_dir)["db"], db)
+    with tempfile.TemporaryDirectory(prefix="moe-grade-") as sockets:
+        config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME, sockets=Path(sockets))
+        return NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
+
+
 def summarise_error(log: str) -> str:
-    """The most telling line of nbgrader's log for a failed submission (a dead kernel, a broken file)."""
-    for needle in ("DeadKernelError", "Kernel died", "NotJSONError", "Unreadable", "JSONDecodeError",
-                   "ValidationError", "UnresponsiveKernelError", "Timeout"):
-        for line in log.splitlines():
-            if needle in line:
-                return line.strip()[:300]
+    """The most telling line of nbgrader's log for a failed submission: a known cause (a dead kernel, a
+    broken file), else the exception line that ends the first traceback, else the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    return (lines[-1] if lines else "nbgrader failed without a message")[:300]
+    for needle in ("DeadKernelError", "Kernel died", "Kernel didn't respond", "NotJSONError", "Unreadable",
+                   "JSONDecodeError", "ValidationError", "UnresponsiveKernelError", "Timeout"):
+        for line in lines:
+            if needle in line:
+                return line[:300]
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (raised[0] if raised else lines[-1] if lines else "nbgrader failed without a message")[:300]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,81 @@
+"""The grading worker's handling of a kernel that never came up, and of nbgrader's failure logs. Fast: no
+kernel is started (nbgrader's autograde is replaced by recorded outcomes); the real kernels run in
+test_course_grading.py and test_course_hostile.py."""
+
+import json
+
+import pytest
+
+from moe_course.course import worker
+from moe_course.course.config import Limits, nbgrader_config
+
+NOT_STARTED = """[ERROR] There was an error processing assignment: /c/submitted/ann/03_vmoe_bpr
+[ERROR] Traceback (most recent call last):
+  File ".../nbgrader/converters/base.py", line 390, in convert_notebooks
+    self.convert_single_notebook(notebook_filename)
+  File ".../jupyter_client/client.py", line 183, in _async_wait_for_ready
+    raise RuntimeError(
+RuntimeError: Kernel didn't respond to heartbeats in 120 seconds and timed out
+[ERROR] There was an error processing assignment '03_vmoe_bpr' for student 'ann'
+[ERROR] Please see the the above traceback for details on the specific errors on the above failures.
+"""
+BROKEN = NOT_STARTED.replace("RuntimeError: Kernel didn't respond to heartbeats in 120 seconds and timed out",
+                             "PermissionError: [Errno 13] Permission denied: '/c/autograded/ann'")
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    (tmp_path / "gradebook.db").write_bytes(b"")
+    monkeypatch.setattr(worker, "submission_scores", lambda db, a, s: {"score": 7.0, "max_score": 7.0, "cells": {}})
+    return tmp_path
+
+
+def _replay(monkeypatch, outcomes):
+    calls = []
+
+    def autograde(course_dir, assignment, student, limits, db):
+        calls.append(db.exists())
+        return outcomes[len(calls) - 1]
+
+    monkeypatch.setattr(worker, "_autograde", autograde)
+    return calls
+
+
+def test_summary_names_the_exception_not_nbgraders_closing_line():
+    assert worker.summarise_error(NOT_STARTED) == ("RuntimeError: Kernel didn't respond to heartbeats in 120 "
+                                                   "seconds and timed out")
+    assert worker.summarise_error(BROKEN) == "PermissionError: [Errno 13] Permission denied: '/c/autograded/ann'"
+    assert worker.summarise_error("") == "nbgrader failed without a message"
+
+
+def test_a_kernel_that_did_not_start_is_started_again(course, monkeypatch):
+    calls = _replay(monkeypatch, [{"success": False, "log": NOT_STARTED}, {"success": True}])
+    record = worker.grade_submission(course, "03_vmoe_bpr", "ann", Limits())
+    assert len(calls) == 2
+    assert record["status"] == "graded" and record["score"] == 7.0 and record["error"] == ""
+    _, result = worker.record_paths(course, "03_vmoe_bpr", "ann")
+    assert json.loads(result.read_text()) == record and not result.with_suffix(".log").exists()
+
+
+def test_a_kernel_that_never_starts_fails_after_two_starts_with_the_log_kept(course, monkeypatch):
+    calls = _replay(monkeypatch, [{"success": False, "log": NOT_STARTED}] * 3)
+    record = worker.grade_submission(course, "03_vmoe_bpr", "ann", Limits())
+    assert len(calls) == worker.KERNEL_STARTS == 2
+    assert record["status"] == "failed" and record["score"] == 0.0 and record["max_score"] is None
+    assert record["error"] == ("RuntimeError: Kernel didn't respond to heartbeats in 120 seconds and timed out "
+                               "(kernel started 2 times)")
+    _, result = worker.record_paths(course, "03_vmoe_bpr", "ann")
+    assert "Traceback" in result.with_suffix(".log").read_text()
+
+
+def test_other_failures_are_not_retried(course, monkeypatch):
+    calls = _replay(monkeypatch, [{"success": False, "log": BROKEN}, {"success": True}])
+    record = worker.grade_submission(course, "03_vmoe_bpr", "ann", Limits())
+    assert len(calls) == 1 and record["status"] == "failed" and record["error"].startswith("PermissionError")
+
+
+def test_grading_kernels_use_unix_sockets_in_the_given_folder(tmp_path):
+    config = nbgrader_config(tmp_path, sockets=tmp_path / "s")
+    assert config.KernelManager.transport == "ipc"
+    assert config.KernelManager.ip == str((tmp_path / "s").resolve() / "kernel")
+    assert "transport" not in nbgrader_config(tmp_path).KernelManager

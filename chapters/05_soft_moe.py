@@ -286,19 +286,24 @@ ax.set_title("Step time vs experts at fixed slots")
 ax.legend(fontsize=8);
 
 # %% [markdown]
-# **Claim (Fig. 6, right): Soft MoE's step time stays nearly flat as E grows 32-fold, Tokens Choice's grows.**
-# When we wrote this, two runs gave Soft MoE 0.92x and 1.08x, Tokens Choice 2.58x and 3.22x from E = 8 to 256
-# (the paper: Soft MoE roughly constant up to 4,096 experts on TPUs, Tokens Choice up to 3.9x). In absolute
-# terms Soft MoE is the slower layer here: its three routing products cost more than these tiny experts. Two caveats of our setting: the expert
-# hidden size is tiny, which makes the d x E router a large share of Tokens Choice's work; and with one slot
+# **Claim (Fig. 6, right): as E grows 32-fold, Tokens Choice's step time grows several times; Soft MoE's
+# grows far less -- but here it is not flat.** The paper has Soft MoE roughly constant up to 4,096 experts on
+# TPUs and Tokens Choice up to 3.9x. We ran this sweep 8 times on an idle 2-core machine (2026-11-24): Soft
+# MoE grew 0.93x to 1.37x from E = 8 to 256, Tokens Choice 3.2x to 4.1x, and Tokens Choice's growth was 2.5
+# to 3.8 times Soft MoE's. A CI run measured 1.38x against 3.88x. Earlier runs, when the chapter was written,
+# gave 0.92x and 1.08x against 2.6x and 3.2x. So the ratio between the two routers holds in every run; the
+# flatness of Soft MoE alone varies with the machine by a third. The assertion below checks what held every
+# time, with a margin: Soft MoE within 1.6x, Tokens Choice at least 2x, and at least twice Soft MoE's growth.
+# In absolute terms Soft MoE is the slower layer here: its three routing products cost more than these tiny
+# experts. Two caveats of our setting: the expert hidden size is tiny, which makes the d x E router a large share of Tokens Choice's work; and with one slot
 # per expert each expert matrix serves only `batch` rows, so at large E both layers start to pay for reading
 # the E experts' weights -- `benchmarks/soft_moe.py` shows this at ViT-S/16 sizes (Soft MoE close to a dense
 # MLP of equal FLOPs at 128 images per batch, several times slower at 16), and a sweep with hidden size 256
 # there is not flat for either router.
 
 # %%
-assert growth["soft"] <= 1.35 and growth["tokens_choice"] >= 1.8, growth
-assert growth["tokens_choice"] >= 1.5 * growth["soft"], growth
+assert growth["soft"] <= 1.6 and growth["tokens_choice"] >= 2.0, growth
+assert growth["tokens_choice"] >= 2 * growth["soft"], growth
 
 # %% [markdown]
 # ## 5. What a slot looks at (Fig. 10)

@@ -34,7 +34,7 @@ def _replay(monkeypatch, outcomes):
     calls = []
 
     def autograde(course_dir, assignment, student, limits, db):
-        calls.append(db.exists())
+        calls.append(student)
         return outcomes[len(calls) - 1]
 
     monkeypatch.setattr(worker, "_autograde", autograde)
@@ -66,6 +66,9 @@ def test_a_kernel_that_never_starts_fails_after_two_starts_with_the_log_kept(cou
                                "(kernel started 2 times)")
     _, result = worker.record_paths(course, "03_vmoe_bpr", "ann")
     assert "Traceback" in result.with_suffix(".log").read_text()
+    _replay(monkeypatch, [{"success": True}])  # regraded later: the old failure's log goes
+    assert worker.grade_submission(course, "03_vmoe_bpr", "ann", Limits())["status"] == "graded"
+    assert not result.with_suffix(".log").exists()
 
 
 def test_other_failures_are_not_retried(course, monkeypatch):

@@ -53,6 +53,7 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     """
     db, result_path = record_paths(course_dir, assignment, student)
     db.parent.mkdir(parents=True, exist_ok=True)
+    result_path.with_suffix(".log").unlink(missing_ok=True)  # an earlier grading's failure
     start = time.perf_counter()
     for attempt in range(1, KERNEL_STARTS + 1):
         outcome = _autograde(course_dir, assignment, student, limits, db)

@@ -295,9 +295,9 @@ ax.legend(fontsize=8);
 # flatness of Soft MoE alone varies with the machine by a third. The assertion below checks what held every
 # time, with a margin: Soft MoE within 1.6x, Tokens Choice at least 2x, and at least twice Soft MoE's growth.
 # In absolute terms Soft MoE is the slower layer here: its three routing products cost more than these tiny
-# experts. Two caveats of our setting: the expert hidden size is tiny, which makes the d x E router a large share of Tokens Choice's work; and with one slot
-# per expert each expert matrix serves only `batch` rows, so at large E both layers start to pay for reading
-# the E experts' weights -- `benchmarks/soft_moe.py` shows this at ViT-S/16 sizes (Soft MoE close to a dense
+# experts. Two caveats of our setting: the expert hidden size is tiny, which makes the d x E router a large
+# share of Tokens Choice's work; and with one slot per expert each expert matrix serves only `batch` rows,
+# so at large E both layers start to pay for reading the E experts' weights -- `benchmarks/soft_moe.py` shows this at ViT-S/16 sizes (Soft MoE close to a dense
 # MLP of equal FLOPs at 128 images per batch, several times slower at 16), and a sweep with hidden size 256
 # there is not flat for either router.
 

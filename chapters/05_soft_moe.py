@@ -297,9 +297,9 @@ ax.legend(fontsize=8);
 # In absolute terms Soft MoE is the slower layer here: its three routing products cost more than these tiny
 # experts. Two caveats of our setting: the expert hidden size is tiny, which makes the d x E router a large
 # share of Tokens Choice's work; and with one slot per expert each expert matrix serves only `batch` rows,
-# so at large E both layers start to pay for reading the E experts' weights -- `benchmarks/soft_moe.py` shows this at ViT-S/16 sizes (Soft MoE close to a dense
-# MLP of equal FLOPs at 128 images per batch, several times slower at 16), and a sweep with hidden size 256
-# there is not flat for either router.
+# so at large E both layers start to pay for reading the E experts' weights -- `benchmarks/soft_moe.py`
+# shows this at ViT-S/16 sizes (Soft MoE close to a dense MLP of equal FLOPs at 128 images per batch,
+# several times slower at 16), and a sweep with hidden size 256 there is not flat for either router.
 
 # %%
 assert growth["soft"] <= 1.6 and growth["tokens_choice"] >= 2.0, growth

@@ -143,7 +143,7 @@ class SparseMoE(nnx.Module):
                  skip_keep_fraction: float = 1.0, router_order: str = "softmax_then_topk",
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
-                 layer_name: str = "MoE layer", rngs: nnx.Rngs):
+                 layer_name: str = "MoE layer", gelu: str = "exact", rngs: nnx.Rngs):
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
@@ -155,7 +155,7 @@ class SparseMoE(nnx.Module):
         # set by moe_course.parallel.use_mesh (the layer never imports the parallel package)
         self.expert_apply = None
         self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
-        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
+        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  token_mask: jax.Array | None = None, modality: jax.Array | None = None) -> MoEOutput:

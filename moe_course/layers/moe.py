@@ -75,7 +75,7 @@ def route(routing, layer, logits, token_mask=None, **noise):
     """
     num_tokens = logits.shape[1]
     capacity = routing.expert_capacity(layer.k, num_tokens, layer.capacity_ratio, layer.num_experts,
-                                       rounding=layer.capacity_rounding)
+                                       rounding=layer.capacity_rounding, multiple_of=layer.capacity_multiple_of)
     if layer.allocation == "experts_choice":
         if token_mask is not None:
             raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
@@ -143,12 +143,14 @@ class SparseMoE(nnx.Module):
                  skip_keep_fraction: float = 1.0, router_order: str = "softmax_then_topk",
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
-                 layer_name: str = "MoE layer", gelu: str = "exact", rngs: nnx.Rngs):
+                 layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None,
+                 rngs: nnx.Rngs):
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
+        self.capacity_multiple_of = capacity_multiple_of
         self.check_finite, self.layer_name = check_finite, layer_name
         self.mesh = None  # the jax.sharding.Mesh that parallel.use_mesh put the layer on, or None
         # expert_apply(groups, routed, layer, deterministic=, rngs=) -> outputs, or None for one device;

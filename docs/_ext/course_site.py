@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHAPTER_GLOB = "[0-9][0-9]_*.py"
 # API pages in the order data flows through the library (DESIGN.md); packages not named here follow,
 # alphabetically, so a new subpackage needs no edit.
-API_ORDER = ["data", "configs", "routing", "layers", "models", "train", "parallel", "analysis", "viz", "torch"]
+API_ORDER = ["data", "configs", "routing", "layers", "models", "train", "parallel", "analysis", "viz", "torch",
+             "reference"]
 WIDGET_NOTE = ("This control moves only with a running Jupyter kernel (open the chapter in JupyterLab, see the "
                "top of this page); on this page the figure below is drawn at its starting value.")
 

@@ -96,7 +96,8 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
     patch, _, channels, width = np.shape(arrays["embedding/kernel"])
     depth = len({m.group(1) for n in arrays if (m := re.match(r"Transformer/encoderblock_(\d+)/", n))})
     posemb = np.shape(arrays[_posemb_name(arrays)])[1]
-    side = grid_side(posemb if math.isqrt(posemb) ** 2 == posemb else posemb - 1, "the checkpoint's position embeddings")
+    patches = posemb if math.isqrt(posemb) ** 2 == posemb else posemb - 1
+    side = grid_side(patches, "the checkpoint's position embeddings")
     rep = arrays.get("pre_logits/kernel")
     return ViTConfig(
         name=name, image_size=image_size or side * patch, patch_size=int(patch), channels=int(channels),

@@ -15,8 +15,9 @@ from moe_course.reference.vmoe import vmoe_from_checkpoint
 FORMATS = ("vmoe", "big_vision")
 
 
-def load_reference(path: str | os.PathLike, checkpoint_format: str, *, model_config: str | os.PathLike | Mapping | None = None,
-                   image_size: int | None = None, group_size: int | None = None) -> nnx.Module:
+def load_reference(path: str | os.PathLike, checkpoint_format: str, *,
+                   model_config: str | os.PathLike | Mapping | None = None, image_size: int | None = None,
+                   group_size: int | None = None) -> nnx.Module:
     """The model of a reference checkpoint: ``checkpoint_format`` "big_vision" (``path`` = the ``.npz``, a
     ``ViT``) or "vmoe" (``path`` = the checkpoint prefix, a ``VMoE``; ``model_config`` = vmoe's
     ``config.model`` as a dict or the path of a JSON file holding it). image_size / group_size as in

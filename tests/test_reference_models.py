@@ -148,3 +148,33 @@ def test_cli_evaluates_a_vmoe_checkpoint_on_an_image_folder(tmp_path, capsys):
     assert (summary["capacity_ratio"], summary["format"]) == ("4.0", "vmoe")
     assert main(common) == 2
     assert capsys.readouterr().err.strip().endswith("--checkpoint needs --format (vmoe or big_vision)")
+
+
+def test_on_to_pytorch_through_the_twins():
+    """The converted V-MoE's PyTorch twin (``to_torch``) gives vmoe's logits and routing too."""
+    torch = pytest.importorskip("torch")
+    from moe_course.torch.convert import to_torch
+
+    reference = outputs("vmoe_small_bpr")
+    model = vmoe_from_checkpoint(FIXTURES / "vmoe_small_bpr",
+                                 json.loads((FIXTURES / "vmoe_small_bpr.model.json").read_text()))
+    with torch.no_grad():
+        out = to_torch(model)(torch.from_numpy(reference["images"]).permute(0, 3, 1, 2))
+    assert np.max(np.abs(out.logits.numpy() - reference["logits"])) < TOLERANCE
+    for block, record in zip(model.config.moe_blocks(), out.routing):
+        mask, _ = served_pairs(record, model.config.num_experts)
+        np.testing.assert_array_equal(mask, reference[f"served_{block}"])
+
+
+def test_vmoe_soft_moe_logits_and_weights():
+    """vmoe's Soft MoE (its SoftRouter, float32 dispatch) -> our SoftMoEViT: logits and every layer's dispatch
+    and combine weights."""
+    model_config = json.loads((FIXTURES / "vmoe_small_soft.model.json").read_text())
+    model = vmoe_from_checkpoint(FIXTURES / "vmoe_small_soft", model_config)
+    reference = outputs("vmoe_small_soft")
+    assert (type(model).__name__, model.config.num_slots) == ("SoftMoEViT", 8)
+    out = model(jnp.asarray(reference["images"]))
+    assert np.max(np.abs(np.asarray(out.logits) - reference["logits"])) < TOLERANCE
+    for block, record in zip(model.config.moe_blocks(), out.routing):
+        np.testing.assert_allclose(record.dispatch_weights, reference[f"dispatch_{block}"], atol=1e-5)
+        np.testing.assert_allclose(record.combine_weights, reference[f"combine_{block}"], atol=1e-5)

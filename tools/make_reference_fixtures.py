@@ -10,13 +10,15 @@ MLPs, float32 dispatch) and google-research/big_vision's ViT on random weights, 
   dict the model was built from;
 * ``<case>.outputs.npz``: the input images, the reference logits and, for vmoe, per MoE block the routing
   decisions (``served_<block>``: (groups, tokens, experts) bool, the (token, expert) pairs that got a buffer
-  slot; ``gates_<block>``: their combine weights).
+  slot; ``gates_<block>``: their combine weights; for Soft MoE ``dispatch_<block>`` and ``combine_<block>``,
+  (groups, tokens, slots)). vmoe's Soft MoE router always dispatches in bfloat16; the script replaces that
+  wrapper by the float32 dispatcher it wraps, to compare with our float32 model.
 
 The paper-size case (V-MoE S/32, E = 32, every-2) has weights far above a fixture's size, so its weights
 are generated from their names and shapes by ``moe_course.reference.seeded_parameters`` on both sides; only
 the names/shapes (``<case>.shapes.json``), the images and the outputs are stored.
 
-    python tools/make_reference_fixtures.py --vmoe PATH --vit-jax PATH --big-vision PATH [--out DIR]
+    python tools/make_reference_fixtures.py --vmoe PATH --vit-jax PATH --big-vision PATH [--out DIR] [--only CASE ...]
 
 (PATHs: checkouts of google-research/vmoe, google-research/vision_transformer -- vmoe imports its
 ``vit_jax`` -- and google-research/big_vision.) Needs jax, flax, ml_collections, absl. big_vision's
@@ -69,6 +71,11 @@ VMOE_CASES = {  # name: (config.model, image size, images)
                                         "encoder.moe.group_size": 2 * 16,
                                         "encoder.moe.router.dispatcher.capacity_ceil_or_round": "round",
                                         "encoder.moe.router.dispatcher.capacity_multiple_of": None}), 16, 4),
+    # vmoe's Soft MoE router in the second half, one image per group, 4 experts x 2 slots
+    "vmoe_small_soft": (vmoe_case({"classifier": "gap", "representation_size": None, "encoder.moe.layers": [2, 3],
+                                   "encoder.moe.group_size": 16,
+                                   "encoder.moe.router": {"name": "vmoe.projects.soft_moe.router.SoftRouter",
+                                                          "num_slots": 2}}), 16, 3),
 }
 PAPER_CASES = {  # V-MoE S/32 (Table 7: 8 blocks, width 512, 8 heads, MLP 2048), E = 32, k = 2
     "vmoe_s32_every2": ([1, 3, 5, 7], True, 1.05),
@@ -96,18 +103,27 @@ def images(seed: int, count: int, size: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1, 1, size=(count, size, size, 3)).astype(np.float32)
 
 
-def vmoe_outputs(model, params, x):
-    """vmoe's logits and, per MoE block, its dispatcher's decisions (captured router outputs)."""
+def vmoe_outputs(model, params, x, soft: bool):
+    """vmoe's logits and, per MoE block, its dispatcher's decisions (captured router outputs): the served
+    (token, expert) pairs and their gates, or for Soft MoE the dispatch and combine weights."""
     import flax
     from vmoe.nn import routing
+    from vmoe.projects.soft_moe import router as soft_router
 
-    is_router = lambda module, method: isinstance(module, routing.NoisyTopExpertsPerItemRouter)  # noqa: E731
+    routers = (routing.NoisyTopExpertsPerItemRouter, soft_router.SoftRouter)
+    is_router = lambda module, method: isinstance(module, routers)  # noqa: E731
     (logits, _), state = model.apply({"params": params}, x, capture_intermediates=is_router, mutable=["intermediates"])
     out = {"images": x, "logits": np.asarray(logits)}
     for name, found in flax.traverse_util.flatten_dict(state["intermediates"], sep="/").items():
+        if not name.endswith("/__call__"):  # the Soft MoE router also sows its unit-norm mu
+            continue
         block = int(name.split("/")[1].split("_")[1])  # Encoder/encoderblock_{i}/Moe/Router/__call__
         dispatcher = found[0][0]
-        combine = np.asarray(dispatcher.combine_weights)  # (G, S, E, C)
+        combine = np.asarray(dispatcher.combine_weights)  # (G, S, E, C); Soft MoE: (G, S, E, slots)
+        if soft:  # soft weights, slot j of expert i at i * slots + j
+            out[f"combine_{block}"] = combine.reshape(*combine.shape[:2], -1)
+            out[f"dispatch_{block}"] = np.asarray(dispatcher.dispatch_weights).reshape(*combine.shape[:2], -1)
+            continue
         out[f"served_{block}"] = (combine > 0).any(-1)
         out[f"gates_{block}"] = combine.sum(-1)
     return out
@@ -139,6 +155,9 @@ def make_vmoe(name: str, model_config: dict, size: int, count: int, out: Path, *
     import jax
     from vmoe.checkpoints import partitioned
     from vmoe.nn.vit_moe import VisionTransformerMoe
+    from vmoe.projects.soft_moe import router as soft_router
+
+    soft_router.Bfloat16Dispatcher = lambda dispatcher: dispatcher  # float32 dispatch, as ours
 
     from moe_course.reference.names import flatten, seeded_parameters
 
@@ -153,10 +172,12 @@ def make_vmoe(name: str, model_config: dict, size: int, count: int, out: Path, *
         params = perturb(model.init(jax.random.key(1), x)["params"], seed=len(name))
         partitioned.save_checkpoint(str(out / name), jax.tree.map(jax.numpy.asarray, params), num_shards=2).wait()
     (out / f"{name}.model.json").write_text(json.dumps(model_config, indent=1, sort_keys=True))
-    outputs = vmoe_outputs(model, params, x)
+    soft = "SoftRouter" in model_config["encoder"]["moe"]["router"].get("name", "")
+    outputs = vmoe_outputs(model, params, x, soft)
     np.savez_compressed(out / f"{name}.outputs.npz", **outputs)
-    served = [v.mean() for k, v in outputs.items() if k.startswith("served_")]
-    print(f"{name}: logits {outputs['logits'].shape}, served choices per MoE block {np.round(served, 3)}")
+    served = [v.sum(-1).mean() / model_config["encoder"]["moe"]["router"].get("num_selected_experts", 1)
+              for k, v in outputs.items() if k.startswith("served_")]
+    print(f"{name}: logits {outputs['logits'].shape}, served fraction of choices per MoE block {np.round(served, 3)}")
 
 
 def _unflat(arrays: dict) -> dict:
@@ -224,16 +245,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vit-jax", required=True, help="checkout of google-research/vision_transformer")
     parser.add_argument("--big-vision", required=True, help="checkout of google-research/big_vision")
     parser.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "reference"))
+    parser.add_argument("--only", nargs="+", default=None, metavar="CASE", help="make only these cases")
     args = parser.parse_args(argv)
+    wanted = lambda name: args.only is None or name in args.only  # noqa: E731
     sys.path[:0] = [args.vmoe, args.vit_jax, args.big_vision]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, (kwargs, size, resized) in BIG_VISION_CASES.items():
+    for name, (kwargs, size, resized) in filter(lambda item: wanted(item[0]), BIG_VISION_CASES.items()):
         make_big_vision(name, kwargs, size, resized, out)
     local_gfile()
-    for name, (model_config, size, count) in VMOE_CASES.items():
+    for name, (model_config, size, count) in filter(lambda item: wanted(item[0]), VMOE_CASES.items()):
         make_vmoe(name, model_config, size, count, out)
-    for name, (layers, bpr, capacity) in PAPER_CASES.items():
+    for name, (layers, bpr, capacity) in filter(lambda item: wanted(item[0]), PAPER_CASES.items()):
         make_vmoe(name, paper_config(layers, bpr, capacity), 224, 2, out, seeded=True)
 
 

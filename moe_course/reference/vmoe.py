@@ -1,4 +1,4 @@
-"""google-research/vmoe's V-MoE checkpoints -> ``moe_course.models.VMoE``.
+"""google-research/vmoe's V-MoE checkpoints -> ``moe_course.models.VMoE`` (its Soft MoE ones -> ``SoftMoEViT``).
 
 vmoe's model (``vmoe/nn/vit_moe.py``, ``VisionTransformerMoe``) is a ViT whose MLP in the blocks listed in
 ``encoder.moe.layers`` is an ``MlpMoeBlock``: a router (``NoisyTopExpertsPerItemRouter``, a bias-free Dense
@@ -41,6 +41,8 @@ from flax import nnx
 
 from moe_course.configs.vit import ViTConfig
 from moe_course.configs.vmoe import VMoEConfig
+from moe_course.configs.soft_moe import SoftMoEConfig
+from moe_course.models import build_model
 from moe_course.models.vmoe import VMoE
 from moe_course.reference.names import (
     Plan, encoder_block_plan, fill, heads_of, keep, module_plan, resize_position_embeddings,
@@ -49,6 +51,7 @@ from moe_course.reference.vmoe_format import read_vmoe_checkpoint
 
 POSEMB = "Encoder/posembed_input/pos_embedding"
 ROUTER = "NoisyTopExpertsPerItemRouter"
+SOFT_ROUTER = "vmoe.projects.soft_moe.router.SoftRouter"
 
 
 def model_params(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -82,14 +85,25 @@ def _placement(moe_blocks: list[int], depth: int) -> dict:
                      f"block {tuple(candidates)}, the last n of those, or the second half")
 
 
+def _soft_routing(moe: Mapping, tokens_per_image: int) -> dict:
+    """Soft MoE (vmoe's SoftRouter): one routing group per image, as ours; the slots come from ``mu``."""
+    group_tokens = moe.get("group_size", tokens_per_image)
+    if group_tokens != tokens_per_image:
+        raise ValueError(f"encoder.moe.group_size={group_tokens}: our Soft MoE routes each image alone, so only "
+                         f"a group of one image ({tokens_per_image} tokens) converts")
+    return {"router": "soft", "group_size": 1}
+
+
 def _routing(model: Mapping | None, num_experts: int, tokens_per_image: int) -> dict:
     """Our routing fields from vmoe's ``config.model`` (see the module docstring)."""
     moe = _get(model or {}, "encoder.moe", {})
     router = dict(moe.get("router", {}))
     name = router.get("name", ROUTER)
+    if name in (SOFT_ROUTER, "SoftRouter"):
+        return _soft_routing(moe, tokens_per_image)
     if name != ROUTER:
-        raise ValueError(f"encoder.moe.router.name={name!r} is not supported; only vmoe's {ROUTER} (token choice) "
-                         f"converts")
+        raise ValueError(f"encoder.moe.router.name={name!r} is not supported; vmoe's {ROUTER} (token choice) "
+                         f"and {SOFT_ROUTER} convert")
     dispatcher = dict(router.get("dispatcher", {}))
     for field in ("capacity_factor", "batch_priority"):  # vmoe's dispatcher has no default for these
         if field not in dispatcher:
@@ -144,7 +158,9 @@ def vmoe_config_from_checkpoint(arrays: Mapping[str, np.ndarray], model: Mapping
             raise ValueError(f"parameter {needed!r} is missing: not a vmoe VisionTransformerMoe classifier")
     patch, _, channels, width = np.shape(arrays["embedding/kernel"])
     block = f"Encoder/encoderblock_{moe_blocks[0]}/Moe"
-    num_experts = int(np.shape(arrays[f"{block}/Router/dense/kernel"])[1])
+    soft = f"{block}/Router/mu" in arrays  # Soft MoE: mu (width, experts, slots per expert)
+    router_shape = np.shape(arrays[f"{block}/Router/mu" if soft else f"{block}/Router/dense/kernel"])
+    num_experts = int(router_shape[1])
     mlp_dim = int(np.shape(arrays[f"{block}/Mlp/Dense_0/kernel"])[2])
     pool = "cls" if "cls" in arrays else "gap"
     classifier = (model or {}).get("classifier", "token")
@@ -161,10 +177,22 @@ def vmoe_config_from_checkpoint(arrays: Mapping[str, np.ndarray], model: Mapping
         representation_size=None if rep is None else int(np.shape(rep)[1]), gelu="tanh",
     ).validate()
     routing = _routing(model, num_experts, backbone.num_tokens)
+    if soft != (routing.get("router") == "soft"):
+        raise ValueError(f"the checkpoint's router ({'mu' if soft else 'dense'}) does not match "
+                         f"encoder.moe.router.name={_get(model or {}, 'encoder.moe.router.name', ROUTER)!r}")
+    if soft:
+        return SoftMoEConfig(**backbone.__dict__, num_experts=num_experts, slots_per_expert=int(router_shape[2]),
+                             **_placement(moe_blocks, depth), **routing).validate()
     if group_size is not None:
         routing["group_size"] = group_size
     return VMoEConfig(**backbone.__dict__, num_experts=num_experts, **_placement(moe_blocks, depth),
                       **routing).validate()
+
+
+def merge_slots(mu: np.ndarray) -> np.ndarray:
+    """vmoe's Soft MoE ``mu`` (width, experts, slots per expert) -> our ``phi`` (width, experts * slots),
+    expert-major: slot j of expert i is column i * slots + j, as ``apply_soft_experts`` reads them."""
+    return mu.reshape(mu.shape[0], -1)
 
 
 def vmoe_plan(config: VMoEConfig) -> Plan:
@@ -180,7 +208,11 @@ def vmoe_plan(config: VMoEConfig) -> Plan:
                                    mlp=None if block in moe_blocks else "Mlp")
         if block in moe_blocks:
             ours = f"blocks.{block}.mlp"
-            plan.append((f"{ours}.router.kernel", f"{theirs}/Moe/Router/dense/kernel", keep))
+            if getattr(config, "router", "sparse") == "soft":
+                plan += [(f"{ours}.phi", f"{theirs}/Moe/Router/mu", merge_slots),
+                         (f"{ours}.scale", f"{theirs}/Moe/Router/scale", keep)]
+            else:
+                plan.append((f"{ours}.router.kernel", f"{theirs}/Moe/Router/dense/kernel", keep))
             for layer, dense in (("fc1", "Dense_0"), ("fc2", "Dense_1")):
                 plan += [(f"{ours}.experts.{layer}_kernel", f"{theirs}/Moe/Mlp/{dense}/kernel", keep),
                          (f"{ours}.experts.{layer}_bias", f"{theirs}/Moe/Mlp/{dense}/bias", keep)]
@@ -194,7 +226,8 @@ def vmoe_from_checkpoint(checkpoint: str | os.PathLike | Mapping[str, np.ndarray
                          *, image_size: int | None = None, group_size: int | None = None,
                          name: str = "vmoe") -> VMoE:
     """A vmoe V-MoE checkpoint (its prefix on disk, read by ``read_vmoe_checkpoint``, or its arrays by name)
-    as our ``VMoE`` (float32), with the routing of ``model`` (vmoe's ``config.model`` dict; see
+    as our ``VMoE`` (float32) -- or, for vmoe's Soft MoE (``router.name`` its ``SoftRouter``; ``Router/mu``
+    (width, experts, slots) -> ``phi``, ``Router/scale`` -> ``scale``), our ``SoftMoEViT`` -- with the routing of ``model`` (vmoe's ``config.model`` dict; see
     ``vmoe_config_from_checkpoint`` for it, image_size and group_size).
 
     Every parameter is mapped by name (module docstring); the first that does not fit -- missing, of another
@@ -207,5 +240,5 @@ def vmoe_from_checkpoint(checkpoint: str | os.PathLike | Mapping[str, np.ndarray
     stored = read_vmoe_checkpoint(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else checkpoint
     arrays = model_params(stored)
     config = vmoe_config_from_checkpoint(arrays, model, image_size=image_size, group_size=group_size, name=name)
-    vmoe = nnx.eval_shape(lambda: VMoE(config, rngs=nnx.Rngs(0)))
+    vmoe = nnx.eval_shape(lambda: build_model(config, rngs=nnx.Rngs(0)))
     return fill(vmoe, {n: np.asarray(a, np.float32) for n, a in arrays.items()}, vmoe_plan(config), source=source)

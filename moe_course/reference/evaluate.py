@@ -48,6 +48,7 @@ class SignedPixels:
         return getattr(self.dataset, name)
 
     def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
+        """The wrapped dataset's batch with "image" scaled from [0, 1] to [-1, 1]."""
         batch = dict(self.dataset.get(split, indices, epoch=epoch))
         batch["image"] = batch["image"] * np.float32(2) - np.float32(1)
         return batch

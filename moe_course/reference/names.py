@@ -161,9 +161,9 @@ def fill(model: nnx.Module, arrays: Mapping[str, np.ndarray], plan: Plan, *, sou
         array = np.asarray(convert(np.asarray(arrays[theirs])))
         want = tuple(param_at(model, ours).shape)
         if array.shape != want:
-            raise ValueError(f"{source}: parameter {theirs!r} has shape {tuple(np.shape(arrays[theirs]))}, "
-                             f"but our {ours} needs {want}" + (f" (from {array.shape} after the layout change)"
-                                                               if array.shape != np.shape(arrays[theirs]) else ""))
+            stored = tuple(np.shape(arrays[theirs]))
+            changed = f" ({array.shape} in our layout)" if array.shape != stored else ""
+            raise ValueError(f"{source}: parameter {theirs!r} has shape {stored}{changed}, but our {ours} needs {want}")
         values.append((ours, array))
         used.add(theirs)
     unexpected = [name for name in arrays if name not in used]

@@ -82,7 +82,7 @@ def test_shard_model_names_num_experts_when_the_experts_do_not_split(tiny_vit_co
     from flax import nnx
     from jax.sharding import Mesh
 
-    from moe_course.configs import VMoEConfig
+    from moe_course.configs import SoftMoEConfig, VMoEConfig
     from moe_course.models import build_model
 
     model = build_model(VMoEConfig(**{**tiny_vit_config.__dict__, "num_experts": 6, "group_size": 1,
@@ -94,3 +94,7 @@ def test_shard_model_names_num_experts_when_the_experts_do_not_split(tiny_vit_co
                                              r"\(4 devices\); use an expert axis that divides 6$"):
             place(model, mesh)
     assert all(layer.mesh is None and layer.expert_apply is None for layer in model.moe_layers())
+    soft = build_model(SoftMoEConfig(**{**tiny_vit_config.__dict__, "num_experts": 6, "group_size": 1}),
+                       rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"^num_experts=6 is not divisible by the mesh's expert axis"):
+        parallel.shard_model(soft, mesh)

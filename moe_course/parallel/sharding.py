@@ -131,12 +131,13 @@ def use_mesh(model: nnx.Module, mesh: Mesh | None) -> nnx.Module:
     """Tell every sparse MoE layer of ``model`` to run expert-parallel on ``mesh`` (None: back to one device):
     each gets ``mesh`` and, when the mesh has an ``expert`` axis, an ``ExpertParallel`` as its ``expert_apply``;
     annotate the parameters with their partition specs. Returns ``model`` (changed in place).
-    Raises ValueError naming ``num_experts`` when a layer's experts do not split over the expert axis (before
-    anything is changed or placed)."""
+    Raises ValueError naming ``num_experts`` when any layer's experts (sparse or soft) do not split over the
+    expert axis (before anything is changed or placed)."""
+    if mesh is not None:  # every Experts module (SparseMoE, Soft MoE, LIMoE), leading axis E
+        for _, node in nnx.iter_graph(model):
+            if isinstance(node, Experts):
+                check_experts(node.fc1_kernel.shape[0], axis_size(mesh, EXPERT))
     layers = [node for _, node in nnx.iter_graph(model) if isinstance(node, SparseMoE)]
-    if mesh is not None:
-        for layer in layers:
-            check_experts(layer.num_experts, axis_size(mesh, EXPERT))
     expert_apply = ExpertParallel(mesh) if mesh is not None and EXPERT in mesh.axis_names else None
     for layer in layers:
         layer.mesh, layer.expert_apply = mesh, expert_apply

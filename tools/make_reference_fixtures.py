@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", nargs="+", default=None, metavar="CASE", help="make only these cases")
     args = parser.parse_args(argv)
     wanted = lambda name: args.only is None or name in args.only  # noqa: E731
-    sys.path[:0] = [args.vmoe, args.vit_jax, args.big_vision]
+    sys.path[:0] = [args.vmoe, args.vit_jax, args.big_vision, str(ROOT)]  # ROOT: this checkout's moe_course
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for name, (kwargs, size, resized) in filter(lambda item: wanted(item[0]), BIG_VISION_CASES.items()):

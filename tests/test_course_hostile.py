@@ -167,6 +167,8 @@ def graded(tmp_path_factory):
         "fifo": _with(full, probs_answer=correct["probs_answer"] + f"\nimport os\nos.mkfifo('{NAME}.ipynb.x')"),
         "floods": _with(full, double_answer=correct["double_answer"] + "\nfor _ in range(40):\n"
                         "    print('x' * 2**20)"),
+        "warns": _with(full, double_answer="import sys, warnings\ndef double(x):\n    warnings.warn('slow')\n"
+                       "    print('doubling', file=sys.stderr)\n    return 2 * x"),
         "empty": "",
         "malformed": '{"cells": [ this is not json',
     }
@@ -287,6 +289,11 @@ def test_a_fifo_an_output_flood_and_killing_everything_end_only_that_submission(
     assert _score(graded, "fifo") == 3.0 and graded["grades"]["fifo"]["status"] == "graded"
     flood = graded["grades"]["floods"]
     assert flood["status"] == "failed" and "OutputLimitError" in flood["error"] and _score(graded, "floods") == 0.0
+
+
+def test_a_correct_answer_that_warns_on_stderr_keeps_its_marks(graded):
+    assert _score(graded, "warns") == 3.0
+    assert "doubling" in _outputs(graded, "warns", "double_tests")  # still shown in the feedback
 
 
 def test_every_row_says_it_was_graded_in_the_sandbox(graded):

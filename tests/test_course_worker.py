@@ -82,3 +82,26 @@ def test_grading_kernels_use_unix_sockets_in_the_given_folder(tmp_path):
     assert config.KernelManager.transport == "ipc"
     assert config.KernelManager.ip == str((tmp_path / "s").resolve() / "kernel")
     assert "transport" not in nbgrader_config(tmp_path).KernelManager
+
+
+def test_stderr_in_a_test_cell_is_held_from_the_grade_and_put_back():
+    import nbformat
+    from nbgrader.utils import determine_grade
+
+    from moe_course.course.config import hold_stderr, restore_stderr
+
+    cell = nbformat.v4.new_code_cell("assert double(1) == 2", metadata={"nbgrader": {
+        "grade": True, "solution": False, "grade_id": "t", "points": 2, "locked": True, "schema_version": 3}})
+    warning = nbformat.v4.new_output("stream", name="stderr", text="UserWarning: slow\n")
+    printed = nbformat.v4.new_output("stream", name="stdout", text="2\n")
+    cell.outputs = [warning, printed]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    assert determine_grade(cell) == (0, 2.0)  # nbgrader's own rule: stderr fails the test
+    notebook, resources = hold_stderr(notebook, {})
+    assert determine_grade(notebook.cells[0]) == (2.0, 2.0)
+    notebook, resources = restore_stderr(notebook, resources)
+    assert notebook.cells[0].outputs == [warning, printed]
+    failed = nbformat.v4.new_output("error", ename="AssertionError", evalue="", traceback=[])
+    notebook.cells[0].outputs = [warning, failed]
+    notebook, resources = hold_stderr(notebook, {})
+    assert determine_grade(notebook.cells[0]) == (0, 2.0)  # a failing test still scores 0

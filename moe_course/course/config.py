@@ -108,14 +108,48 @@ def sanitize_preprocessors() -> list:
     return [ClearOutput, DeduplicateIds, drop_emptied_metadata, OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
 
 
+_HELD_STDERR = "moe_course_held_stderr"
+
+
+def hold_stderr(notebook, resources):
+    """nbgrader preprocessor, before SaveAutoGrades: take the stderr text out of every test cell's outputs
+    (nbgrader would score a test cell 0 for it, so a correct answer that prints a warning lost its marks;
+    a failing test is an ``error`` output, which stays). ``restore_stderr`` puts it back afterwards."""
+    held = resources.setdefault(_HELD_STDERR, {})
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
+            outputs = cell.get("outputs", [])
+            stderr = [(i, o) for i, o in enumerate(outputs) if o.get("output_type") == "stream"
+                      and o.get("name") == "stderr"]
+            if stderr:
+                held[index] = stderr
+                cell.outputs = [o for o in outputs if all(o is not kept for _, kept in stderr)]
+    return notebook, resources
+
+
+def restore_stderr(notebook, resources):
+    """nbgrader preprocessor, after SaveAutoGrades: the stderr outputs ``hold_stderr`` took, back in place."""
+    for index, outputs in resources.pop(_HELD_STDERR, {}).items():
+        for position, output in outputs:
+            notebook.cells[index].outputs.insert(position, output)
+    return notebook, resources
+
+
 def autograde_preprocessors() -> list:
-    """nbgrader's Autograde.autograde_preprocessors with its ``Execute`` replaced by ``CappedExecute``."""
+    """nbgrader's Autograde.autograde_preprocessors with its ``Execute`` replaced by ``CappedExecute`` and
+    SaveAutoGrades between ``hold_stderr`` and ``restore_stderr``."""
     from nbgrader.converters.autograde import Autograde
-    from nbgrader.preprocessors import Execute
+    from nbgrader.preprocessors import Execute, SaveAutoGrades
 
     from moe_course.course.output_cap import CappedExecute
 
-    return [CappedExecute if p is Execute else p for p in Autograde.class_traits()["autograde_preprocessors"].default()]
+    chosen = []
+    for preprocessor in Autograde.class_traits()["autograde_preprocessors"].default():
+        if preprocessor is SaveAutoGrades:
+            chosen += [hold_stderr, SaveAutoGrades, restore_stderr]
+        else:
+            chosen.append(CappedExecute if preprocessor is Execute else preprocessor)
+    return chosen
 
 
 def grading_env(course_dir: Path) -> dict[str, str]:

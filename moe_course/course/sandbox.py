@@ -65,7 +65,8 @@ def package_folder() -> Path:
 
 
 def python_folders() -> list[Path]:
-    """The Python installation the kernel needs: prefixes and the ``sys.path`` folders inside them."""
+    """The Python installation the kernel needs (read-only inside): this interpreter's prefixes, which hold
+    its standard library and site-packages."""
     prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
     return sorted(prefixes)
 

@@ -84,7 +84,17 @@ def test_readme_command_1_installs_no_torch_and_ci_adds_it():
     command_1 = re.search(r"```bash\n(python3 -m venv .+?)\n```", readme).group(1)
     assert "torch" not in command_1, command_1
     torch_lines = [line for line in _ci_lines() if line.startswith("pip install") and "torch" in line]
-    assert torch_lines == ['pip install torch==2.13.0 -e ".[torch]"'], torch_lines
+    assert torch_lines == ['pip install torch==2.13.0 -e ".[torch,instructor]"'], torch_lines
+
+
+def test_nbgrader_is_instructor_only_and_ci_installs_it():
+    """nbgrader's Lab extension adds instructor menus to every JupyterLab of its environment: a learner's
+    install (README command 1: lab and test) has none; CI installs the instructor extra for the grading tests."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for extra in ("lab", "test"):
+        assert not [r for r in _extra(project, extra) if r.startswith("nbgrader")], extra
+    assert any(r.startswith("nbgrader") for r in _extra(project, "instructor"))
+    assert any(line.startswith("pip install") and "instructor" in line for line in _ci_lines())
 
 
 def _imports_torch(node) -> bool:

@@ -335,3 +335,25 @@ def test_browser_page_contents_do_not_clip_long_names(server, browser):
 def test_the_site_has_a_favicon(site):
     assert (site / "_static" / "favicon.svg").is_file()
     assert 'rel="icon" href="_static/favicon.svg"' in _html(site, "index.html")
+
+
+def test_the_repository_setting_adds_clone_binder_and_the_header_link():
+    """conf.py ``course_repository`` (MOE_COURSE_REPOSITORY): unset, no repository links; set, ``git clone`` and
+    a Binder link to the chapter's notebook (postBuild pairs the chapters there), and the theme's repository
+    button."""
+    from types import SimpleNamespace
+
+    assert course_site.launch_links("", EXECUTED) == []
+    text = "\n".join(course_site.launch_links("https://github.com/owner/moe-course", EXECUTED))
+    assert "git clone https://github.com/owner/moe-course" in text
+    assert (f"https://mybinder.org/v2/gh/owner/moe-course/HEAD?urlpath=lab/tree/chapters/{EXECUTED}.ipynb"
+            in text)
+    assert "jupytext --to ipynb chapters/" in (ROOT / "postBuild").read_text()
+    config = SimpleNamespace(course_repository="https://github.com/owner/moe-course",
+                             html_theme_options={"show_toc_level": 2})
+    course_site.use_repository(None, config)
+    assert config.html_theme_options == {"show_toc_level": 2, "repository_url": "https://github.com/owner/moe-course",
+                                         "use_repository_button": True}
+    unset = SimpleNamespace(course_repository="", html_theme_options={"show_toc_level": 2})
+    course_site.use_repository(None, unset)
+    assert unset.html_theme_options == {"show_toc_level": 2}

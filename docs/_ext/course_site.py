@@ -188,9 +188,10 @@ def _markdown_cell(lines: list[str]):
 
 
 def launch_links(repository: str, stem: str) -> list[str]:
-    """Markdown lines with the repository's links for chapter ``stem``: ``git clone`` and, for a GitHub
-    repository, Binder (JupyterLab on the chapter, built from environment.yml and postBuild). Empty without a
-    repository address (conf.py ``course_repository``)."""
+    """Markdown lines with the repository's links for chapter ``stem``: ``git clone``, for a GitHub repository
+    Binder (JupyterLab on the chapter, built from environment.yml and postBuild), and how to open the downloaded
+    chapter in Colab (Colab opens only notebooks tracked on GitHub; the chapters' notebooks are not). Empty
+    without a repository address (conf.py ``course_repository``)."""
     if not repository:
         return []
     lines = ["", "Get the whole course with", "", "```bash", f"git clone {repository}", "```"]
@@ -200,6 +201,8 @@ def launch_links(repository: str, stem: str) -> list[str]:
                   f"?urlpath=lab/tree/chapters/{stem}.ipynb")
         lines += ["", f"or run it without installing anything: [launch on Binder]({binder}) (a hosted JupyterLab; "
                   "the first start takes minutes)."]
+    lines += ["", "In Google Colab: *File -> Upload notebook* and choose the downloaded chapter; its first cell "
+              "installs the course from this repository."]
     return lines
 
 

@@ -4,8 +4,8 @@ The chapter notebook is made as the site makes it (docs/_ext/course_site.py, ``d
 this checkout as the install source (the site uses its ``course_repository`` setting), and run with nbclient in a
 fresh virtual environment that has no ``moe_course``: the install cell and the chapter's cells up to its first
 use of the library. The rest of the notebook is the chapter's own cells, byte for byte (checked here), which
-tests/test_chapters.py executes. To keep the test cheap (about 30 s on two idle cores; the whole chapter under a
-load of 19 took 4.5 minutes), the venv borrows the libraries of the running environment through a ``.pth`` line:
+tests/test_chapters.py executes. To keep the test cheap (47 s on two cores shared with a load of about 19; the
+whole chapter there took 4.5 minutes), the venv borrows the libraries of the running environment through a ``.pth`` line:
 ``.pth`` files of a borrowed folder are not run, so this environment's editable ``moe_course`` stays invisible
 and the install cell has to install the course, with pip finding its dependencies already there.
 """
@@ -33,7 +33,8 @@ CHAPTER = "02_moe_layer"  # the cheapest chapter
 def fresh_kernel(tmp_path, monkeypatch) -> str:
     """A kernel named "fresh" running in a new venv without moe_course; returns its name."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    # without its own pip (installing one takes half a minute): the borrowed folders hold this environment's
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
     site_packages = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                    check=True, capture_output=True, text=True).stdout.strip()

@@ -357,3 +357,5 @@ def test_the_repository_setting_adds_clone_binder_and_the_header_link():
     unset = SimpleNamespace(course_repository="", html_theme_options={"show_toc_level": 2})
     course_site.use_repository(None, unset)
     assert unset.html_theme_options == {"show_toc_level": 2}
+    with pytest.raises(ValueError, match="MOE_COURSE_REPOSITORY='github.com/owner'"):
+        course_site.use_repository(None, SimpleNamespace(course_repository="github.com/owner", html_theme_options={}))

@@ -348,7 +348,14 @@ def offer_notebook_download(app, pagename, templatename, context, doctree) -> No
 
 
 def use_repository(app, config) -> None:
-    """``config-inited``: with ``course_repository`` set, the theme shows the repository link in the header."""
+    """``config-inited``: with ``course_repository`` set, the theme shows the repository link in the header.
+
+    Raises ValueError naming MOE_COURSE_REPOSITORY for an address that is neither an http(s) or git URL nor a
+    folder."""
+    repository = config.course_repository
+    if repository and not (repository.startswith(("https://", "http://", "git@")) or Path(repository).is_dir()):
+        raise ValueError(f"MOE_COURSE_REPOSITORY={repository!r} is not allowed; use the repository's https or git "
+                         "URL (https://github.com/OWNER/moe-course) or a local folder")
     if config.course_repository:
         config.html_theme_options = {**config.html_theme_options, "repository_url": config.course_repository,
                                      "use_repository_button": True}

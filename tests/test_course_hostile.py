@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from course_submissions import answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from moe_course.cli import main  # noqa: E402
 from moe_course.course.build import SECRET_MARKERS, assignment_names  # noqa: E402

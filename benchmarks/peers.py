@@ -189,7 +189,8 @@ def _device() -> str:
     load = ", load average {:.1f} {:.1f} {:.1f}".format(*os.getloadavg()) if hasattr(os, "getloadavg") else ""
     return (f"device: {cpu}, {os.cpu_count()} cores{load}; PyTorch {torch.__version__}, "
             f"{torch.get_num_threads()} threads; JAX {jax.__version__} {jax.devices()[0].platform}; "
-            f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}")
+            f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, "
+            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}")
 
 
 def main() -> None:

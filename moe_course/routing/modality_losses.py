@@ -19,6 +19,7 @@ tau_image = log 20.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Mapping, NamedTuple, Sequence
 
 import jax
@@ -104,34 +105,58 @@ def multimodal_aux_losses(
     sigma (None = 1/E) for the load loss. weight: multiplies the mean of the terms.
     Raises ValueError naming an unknown modality or loss name, a bad tau, or a bad modality array.
     """
-    taus, joint = check_multimodal_args(modality, losses, taus, joint)
-    terms: dict[str, jax.Array] = {}
-    for loss in joint:
-        if loss == "mutual_information":
-            terms[loss] = mutual_information_loss(logits, modality, len(MODALITIES))
-        else:
-            terms[loss] = _loss(loss, logits, noisy_logits, modality != PADDING, tau=None, k=k, noise_std=noise_std)
-    for m, name in enumerate(MODALITIES):
-        tau = check_tau(taus.get(name))
-        for loss in check_loss_names(f"losses[{name!r}]", losses.get(name, ()), PER_MODALITY_LOSSES):
-            terms[f"{name}/{loss}"] = _loss(loss, logits, noisy_logits, modality == m, tau=tau, k=k,
-                                            noise_std=noise_std)
+    terms = aux_terms(JAX_LOSSES, logits, noisy_logits, modality, losses=losses, taus=taus, joint=joint, k=k,
+                      noise_std=noise_std)
     total = weight * jnp.mean(jnp.stack(list(terms.values()))) if terms else jnp.zeros((), jnp.float32)
     return MultimodalAuxLosses(total, terms)
 
 
-def _loss(loss: str, logits, noisy_logits, mask, *, tau, k, noise_std) -> jax.Array:
-    """One named loss from ``PER_MODALITY_LOSSES`` on the tokens where ``mask`` (groups, tokens) holds."""
+def aux_terms(fns, logits, noisy_logits, modality, *, losses, taus, joint, k, noise_std) -> dict:
+    """The chosen terms of ``multimodal_aux_losses`` (same arguments), unweighted: {"importance": scalar, ...,
+    "text/local_entropy": scalar, ...}, computed with ``fns`` (``JAX_LOSSES`` or the PyTorch twins' namespace;
+    see ``named_loss``, plus ``mutual_information_loss``). Raises the ValueErrors ``multimodal_aux_losses``
+    documents, before any loss is computed."""
+    taus, joint = check_multimodal_args(modality, losses, taus, joint)
+    chosen = {name: check_loss_names(f"losses[{name!r}]", losses.get(name, ()), PER_MODALITY_LOSSES)
+              for name in MODALITIES}
+    taus = {name: check_tau(taus.get(name)) for name in MODALITIES}
+    terms = {}
+    for loss in joint:
+        if loss == "mutual_information":
+            terms[loss] = fns.mutual_information_loss(logits, modality, len(MODALITIES))
+        else:
+            terms[loss] = named_loss(fns, loss, logits, noisy_logits, modality != PADDING, tau=None, k=k,
+                                     noise_std=noise_std)
+    for m, name in enumerate(MODALITIES):
+        for loss in chosen[name]:
+            terms[f"{name}/{loss}"] = named_loss(fns, loss, logits, noisy_logits, modality == m, tau=taus[name],
+                                                 k=k, noise_std=noise_std)
+    return terms
+
+
+def named_loss(fns, loss: str, logits, noisy_logits, mask, *, tau, k, noise_std):
+    """One named loss (from ``PER_MODALITY_LOSSES``) on the tokens where ``mask`` (groups, tokens) holds.
+    fns: the framework's loss functions as attributes (``importance_loss``, ``load_loss``, ``router_z_loss``
+    and the four entropy losses) -- ``JAX_LOSSES`` here, the PyTorch twins in ``moe_course.torch.routing``."""
     if loss == "importance":
-        return importance_loss(logits, mask)
+        return fns.importance_loss(logits, mask)
     if loss == "load":
-        return load_loss(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
+        return fns.load_loss(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
     if loss == "z_loss":
-        return router_z_loss(logits, mask)
+        return fns.router_z_loss(logits, mask)
     if loss == "local_entropy":
-        return local_entropy_loss(logits, mask)
+        return fns.local_entropy_loss(logits, mask)
     if loss == "global_entropy":
-        return global_entropy_loss(logits, mask, tau=tau)
+        return fns.global_entropy_loss(logits, mask, tau=tau)
     if loss == "target_entropy":
-        return target_entropy_loss(logits, mask, k=k)
-    return merged_entropy_loss(logits, mask, k=k)
+        return fns.target_entropy_loss(logits, mask, k=k)
+    return fns.merged_entropy_loss(logits, mask, k=k)
+
+
+# The JAX loss functions by name, for ``aux_terms``; the PyTorch twin passes its own (``TORCH_LOSSES``).
+JAX_LOSSES = SimpleNamespace(
+    importance_loss=importance_loss, load_loss=load_loss, router_z_loss=router_z_loss,
+    local_entropy_loss=local_entropy_loss, global_entropy_loss=global_entropy_loss,
+    target_entropy_loss=target_entropy_loss, merged_entropy_loss=merged_entropy_loss,
+    mutual_information_loss=mutual_information_loss,
+)

@@ -22,9 +22,9 @@ _CPU_RECIPES = {
     # Soft MoE on digits-tiny's backbone: the same schedule again, so dense, V-MoE and Soft MoE compare.
     "digits-tiny-soft": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                     checkpoint_every=500, log_every=50, eval_every=500),
-    # LIMoE, its classic-loss baseline and its dense one-tower baseline on the captioned digits: one schedule
-    # for all three (README, "Measured").
-    **dict.fromkeys(("digits-limoe", "digits-limoe-classic", "digits-dense-one-tower"),
+    # LIMoE, its Fig. 3 loss baselines and its dense one-tower baseline on the captioned digits: one schedule
+    # for all (README, "Measured").
+    **dict.fromkeys(("digits-limoe", "digits-limoe-classic", "digits-limoe-local", "digits-dense-one-tower"),
                     TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                 checkpoint_every=500, log_every=50, eval_every=0)),
     "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,

@@ -152,13 +152,14 @@ def test_thresholds_at_or_below_zero_are_allowed_and_switch_the_global_loss_off(
 
 def test_presets_validate_and_round_trip():
     for name in ("digits-limoe", "digits-limoe-classic", "digits-dense-one-tower", "limoe-b/16", "limoe-l/16",
-                 "limoe-b/16-classic", "limoe-l/16-classic", "dense-one-tower-b/16"):
+                 "limoe-b/16-classic", "limoe-l/16-classic", "dense-one-tower-b/16", "digits-limoe-local"):
         config = get_preset("limoe", name).validate()
         assert config_from_dict(config_to_dict(config)) == config
         assert config.aux_loss_weight == 0.04 and config.joint_aux_losses == ("importance", "load"), name
-        five = not name.endswith("-classic")  # the paper's mix (Sec. 2.2.2) or Fig. 3's classic baseline
-        assert config.text_aux_losses == (("local_entropy", "global_entropy") if five else ()), name
-        assert config.image_aux_losses == (("global_entropy",) if five else ()), name
+        # The paper's mix (Sec. 2.2.2), Fig. 3's classic baseline, or its middle step (+ local entropy on text).
+        ladder = {"classic": ((), ()), "local": (("local_entropy",), ())}
+        text, image = ladder.get(name.rsplit("-", 1)[-1], (("local_entropy", "global_entropy"), ("global_entropy",)))
+        assert (config.text_aux_losses, config.image_aux_losses) == (text, image), name
     paper = get_preset("limoe", "limoe-b/16")
     assert (paper.num_experts, paper.k, paper.allocation, paper.seq_len, paper.embed_dim) == (32, 1, "bpr", 16, 512)
     np.testing.assert_allclose([paper.text_tau, paper.image_tau, paper.aux_loss_weight], [math.log(9), math.log(20), 0.04])

@@ -10,7 +10,9 @@ B/16 the global-entropy thresholds tau_text = log 9, tau_image = log 20. The los
 (Sec. 2.2.2, Table 3): the classic importance and load losses over all tokens of both modalities together,
 local + global entropy on text, global entropy on images. The ``-classic`` presets are Fig. 3's "classic"
 baseline: joint importance + load only (the figure's caption: "the standard formulation (importance + load
-losses)"; the z-loss is in neither that baseline nor LIMoE's chosen five).
+losses)"; the z-loss is in neither that baseline nor LIMoE's chosen five). Fig. 3's ladder on the digits:
+``digits-limoe-classic`` -> ``digits-limoe-local`` (+ local entropy on text) -> ``digits-limoe`` (+ global
+entropy); ``--patch-size 4`` gives 64 image tokens per ~10 text tokens, the paper's kind of imbalance.
 """
 
 from __future__ import annotations
@@ -139,6 +141,8 @@ LIMOE_PRESETS: dict[str, LIMoEConfig] = {
         _paper("l", 24, 16, 1024, 4096, placement="none"),
         _digits("digits-limoe", "every-2"),
         _digits("digits-limoe-classic", "every-2", image_aux_losses=(), text_aux_losses=()),
+        # Fig. 3's middle step: classic + local entropy on text (then digits-limoe adds the global losses).
+        _digits("digits-limoe-local", "every-2", image_aux_losses=(), text_aux_losses=("local_entropy",)),
         _digits("digits-dense-one-tower", "none"),
     ]
 }

@@ -215,7 +215,8 @@ assert float(joint.terms["importance"]) < 0.01 * (experts - 1) < 30 < float(per_
 # puts nearly all its weight on one expert (App. F, Fig. 38). Our models train for a few hundred steps, and
 # their routers stay close to uniform: at the paper's aux weight of 0.04, a text token's top-1 weight was
 # 0.33 with classic losses and 0.37 with the paper's losses after 400 steps of 64 pairs (mean over the test
-# captions, MoE layer 0, measured when we wrote this) -- the entropy terms hardly moved anything. So that the
+# captions, MoE layer 0, measured when we wrote this, with an earlier version of these models whose
+# importance and load losses were per modality) -- the entropy terms hardly moved anything. So that the
 # losses do something visible in a few minutes, the runs below use **10 times the paper's aux weight (0.4)**;
 # everything else is the paper's recipe.
 #
@@ -307,21 +308,38 @@ axes[0].set_ylabel("share of text tokens")
 plt.tight_layout()
 
 # %% [markdown]
-# **What we measured.** The local entropy loss does what it says: text routing becomes more confident -- the
-# mean top-1 weight of a text token rises well above the classic model's in both MoE layers (the printed
-# numbers; when we wrote this, 0.29 and 0.23 for classic against 0.42 and 0.42 with the local loss, after 300
-# steps). **The paper's Fig. 3 collapse does not happen at our scale**: in all three models text still spreads
-# over (nearly) every expert and its success rate stays high -- above 0.9 in both layers at the end of
-# training, with classic losses as well. The routers are still far from one-hot, and with our per-modality
-# importance and load losses on text, nothing pushes text into a single expert. The global loss therefore has
-# nothing to repair: its thresholded value was exactly 0 for the whole run (printed below).
+# **What we measured** (the printed numbers; one seed, 260 steps, aux weight 0.4). The first two rows of the
+# paper's Fig. 3 show at toy scale. With the classic losses alone, text spreads over 5-6 experts per layer
+# and more than 90% of it is served in both layers. The local entropy loss does what it says -- text routing
+# becomes confident, the mean top-1 weight of a text token rising from about 0.37 and 0.26 (classic) to 0.85
+# and 0.93 when we wrote this -- and in doing so crowds text onto fewer experts (90% of it on 3 and 2 experts
+# instead of 5 and 6). The joint importance and load losses do not object: images still balance the total.
+# Text now overflows its experts: its success rate falls, to about 0.74 in the second MoE layer. That is the
+# middle row of Fig. 3 (a partial collapse: two or three experts, not the paper's one). The paper's third row
+# -- the global loss restoring text -- does not show here: with tau_text = log 2 it asks for only about 2
+# experts, text already uses about 3, so the thresholded loss switches on in a few routing groups but stays
+# tiny (printed below; the local loss is about 0.5) and the paper model serves text like the + local model.
+# The capacity arithmetic above says why log 2 is too low for our buffers: 80 text tokens, 32 slots per
+# expert, shared with images.
+#
+# Two checks we ran outside this notebook, with the same code and schedule (when we wrote this; the training
+# rows' numbers, as printed above): a second seed gave the same picture -- text success 0.978 / 0.949 with
+# classic losses, 0.791 / 0.796 with the local loss -- and a threshold that asks for enough experts brings
+# the third row of Fig. 3: the paper model with tau_text = log 4 served 0.896 / 0.875 of its text, with
+# log 6 0.938 / 0.906 (its text global loss reaching 0.06 and 0.11), against 0.884 / 0.738 for + local on
+# the same seed, for slightly less image success (0.90-0.92 in those runs, 0.92-0.95 here).
 
 # %%
 assert all(confidence["+ local"][layer] > confidence["classic"][layer] + 0.05 for layer in (0, 1)), confidence
-assert all(late[name][f"text/{layer}"] > 0.9 for name in configs for layer in (0, 1)), late
+assert all(late["classic"][f"text/{layer}"] > 0.9 for layer in (0, 1)), late
+assert all(text_experts["+ local"][layer] < text_experts["classic"][layer] for layer in (0, 1)), text_experts
+assert any(late["+ local"][f"text/{layer}"] < late["classic"][f"text/{layer}"] - 0.1 for layer in (0, 1)), late
 text_global = [r["aux/text/global_entropy"] for r in histories["paper"]]
-print(f"paper model, thresholded text global entropy loss over training: max {max(text_global):.4f}")
-assert max(text_global) == 0.0
+text_local = [r["aux/text/local_entropy"] for r in histories["paper"]]
+print(f"paper model over training: thresholded text global entropy loss max {max(text_global):.4f}, "
+      f"text local entropy loss at the end {text_local[-1]:.3f}")
+assert max(text_global) < 0.1 * math.log(2)  # the text marginal never fell far below the threshold
+assert all(abs(late["paper"][f"text/{layer}"] - late["+ local"][f"text/{layer}"]) < 0.05 for layer in (0, 1)), late
 
 # %% [markdown]
 # ## 4. The threshold as a soft minimum (Figs. 9-10)
@@ -365,12 +383,11 @@ slider.observe(lambda change: handle.update(threshold_figure(change["new"])), na
 
 # %% [markdown]
 # In the paper (Figs. 9-10) the threshold behaves exactly like that: as tau_text grows, the models use more
-# text experts and fewer image experts. At our scale there is nothing for it to do. Text already spreads over
-# nearly all 8 experts (the counts above), so the entropy of its expert distribution stays above tau, and the
-# thresholded loss is 0. We also trained the paper model with tau_text = log 6 (a soft minimum of 6 experts):
-# its text global loss was 0 for the whole run too, and its routing and accuracies matched the tau = log 2
-# model to the third decimal. Below, the entropy of each model's text first-choice shares (MoE layer 0) -- a
-# direct reading of how spread out text routing is -- against the thresholds.
+# text experts and fewer image experts. In our runs above, tau_text = log 2 sits below what text already
+# uses (about 3 experts after the local loss, 5-6 without it), so the loss hardly acts; at log 4 and log 6
+# it acted and text was served again (section 3). Below, the entropy of
+# each model's text first-choice shares (MoE layer 0) -- a direct reading of how spread out text routing is
+# -- against the thresholds.
 
 # %%
 for name, share in shares.items():
@@ -477,8 +494,8 @@ for mode, accuracies in pruning.items():
 # Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates).
 # With fewer experts the two modes differ only in the gates: router_drop renormalises them over the kept
 # experts, router_pred keeps the trained scale. The paper finds router_pred the better one when many experts
-# go; at our scale the printed accuracies are what we measured -- the model's routing is still nearly
-# uniform, so removing experts removes work that text did use.
+# go; at our scale the printed accuracies are what we measured, and with zero-shot accuracy this close to
+# chance (0.1) after a few hundred steps, the differences between them say little.
 
 # %%
 assert pruning["router_drop"][0] == pruning["router_pred"][0] == scores["paper"]["zero_shot_accuracy"], pruning

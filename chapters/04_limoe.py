@@ -192,7 +192,7 @@ print(f"if all text went to one expert, at most {capacity / text_tokens:.0%} of 
 # Why the classic losses alone cannot protect text: they look at both modalities together, so a balanced
 # majority hides a collapsed minority. The paper's own example (Sec. 2.2.1, B/16's numbers): 32 experts, 196
 # image tokens spread evenly, all 16 text tokens on one expert. Both losses range over [0, E - 1 = 31]:
-#
+
 # %%
 experts, n_image, n_text = 32, 196, 16
 first_choice = np.r_[np.arange(n_image) % experts, np.zeros(n_text, int)]  # images round robin; text: expert 0
@@ -385,9 +385,8 @@ slider.observe(lambda change: handle.update(threshold_figure(change["new"])), na
 # In the paper (Figs. 9-10) the threshold behaves exactly like that: as tau_text grows, the models use more
 # text experts and fewer image experts. In our runs above, tau_text = log 2 sits below what text already
 # uses (about 3 experts after the local loss, 5-6 without it), so the loss hardly acts; at log 4 and log 6
-# it acted and text was served again (section 3). Below, the entropy of
-# each model's text first-choice shares (MoE layer 0) -- a direct reading of how spread out text routing is
-# -- against the thresholds.
+# it acted and text was served again (section 3). Below, the entropy of each model's text first-choice
+# shares (MoE layer 0) -- a direct reading of how spread out text routing is -- against the thresholds.
 
 # %%
 for name, share in shares.items():

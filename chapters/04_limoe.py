@@ -47,7 +47,8 @@ from moe_course.analysis import (embed_images, embed_texts, evaluate_contrastive
 from moe_course.configs import get_preset
 from moe_course.data import CaptionedDigits
 from moe_course.models import limoe_param_count, pruned_experts
-from moe_course.routing import CapacityRoundingWarning, global_entropy_loss, local_entropy_loss
+from moe_course.routing import (CapacityRoundingWarning, global_entropy_loss, local_entropy_loss,
+                                multimodal_aux_losses)
 from moe_course.train import TrainConfig, side_by_side, train_side_by_side
 from moe_course.train.contrastive import contrastive_loss
 
@@ -182,29 +183,53 @@ print(f"if all text went to one expert, at most {capacity / text_tokens:.0%} of 
 #   tau the loss is exactly 0. A uniform distribution over S experts has entropy log S, so tau = log S asks
 #   for "at least about S experts" -- a soft minimum (section 4).
 #
-# The paper's recipe: local and global entropy on text, global entropy on images, plus the classic
-# importance and load losses, all per modality; the aux loss is 0.04 times the mean of the chosen terms.
-# With 8 experts we use tau = log 2 for text and log 4 for images (the paper: log 9 and log 20 of 32).
+# The paper's recipe has five terms: local and global entropy on text and global entropy on images, each on
+# that modality's tokens only, plus the classic importance and load losses of V-MoE, computed over all
+# tokens of both modalities together -- the router's whole batch, as V-MoE has them (App. B.1). The aux loss
+# is 0.04 times the mean of the five. With 8 experts we use tau = log 2 for text and log 4 for images (the
+# paper: log 9 and log 20 of 32).
+#
+# Why the classic losses alone cannot protect text: they look at both modalities together, so a balanced
+# majority hides a collapsed minority. The paper's own example (Sec. 2.2.1, B/16's numbers): 32 experts, 196
+# image tokens spread evenly, all 16 text tokens on one expert. Both losses range over [0, E - 1 = 31]:
+
+# %%
+experts, n_image, n_text = 32, 196, 16
+first_choice = np.r_[np.arange(n_image) % experts, np.zeros(n_text, int)]  # images round robin; text: expert 0
+scenario = jnp.asarray(60.0 * np.eye(experts)[first_choice][None], jnp.float32)  # one-hot router logits
+scenario_modality = jnp.asarray([[0] * n_image + [1] * n_text], jnp.int32)
+joint = multimodal_aux_losses(scenario, scenario, scenario_modality, losses={}, joint=("importance", "load"))
+per_modality = multimodal_aux_losses(scenario, scenario, scenario_modality,
+                                     losses={"image": ("importance", "load"), "text": ("importance", "load")})
+print("joint (the paper's):  " + "  ".join(f"{k} {float(v):.3f}" for k, v in joint.terms.items()))
+print("per modality:         " + "  ".join(f"{k} {float(v):.3f}" for k, v in per_modality.terms.items()))
+assert float(joint.terms["importance"]) < 0.01 * (experts - 1) < 30 < float(per_modality.terms["text/importance"])
+
+# %% [markdown]
+# The joint losses sit within 1% of their range of the minimum while no text token can be served beyond one
+# expert's buffer. Per-modality versions would flag the collapse at once (text at the maximum, 31); the
+# library keeps them as a named variant for ablations (`text_aux_losses=("importance", "load", ...)`), but
+# the paper's losses, and our presets, are the joint ones. The entropy losses are the paper's answer.
 #
 # **What our scale changes.** The paper trains for days, and by then its routers are confident: a text token
 # puts nearly all its weight on one expert (App. F, Fig. 38). Our models train for a few hundred steps, and
 # their routers stay close to uniform: at the paper's aux weight of 0.04, a text token's top-1 weight was
 # 0.33 with classic losses and 0.37 with the paper's losses after 400 steps of 64 pairs (mean over the test
-# captions, MoE layer 0, measured when we wrote this) -- the entropy terms hardly moved anything. So that the
+# captions, MoE layer 0, measured when we wrote this, with an earlier version of these models whose
+# importance and load losses were per modality) -- the entropy terms hardly moved anything. So that the
 # losses do something visible in a few minutes, the runs below use **10 times the paper's aux weight (0.4)**;
 # everything else is the paper's recipe.
 #
-# Three models train side by side, identical except for their aux losses: **classic** (importance + load on
-# each modality), **+ local** (and local entropy on text) and **paper** (+ global entropy, tau_text = log 2
-# on text and tau_image = log 4 on images).
+# Three models train side by side, identical except for their aux losses: **classic** (importance + load over
+# all tokens, Fig. 3's baseline), **+ local** (and local entropy on text) and **paper** (+ global entropy,
+# tau_text = log 2 on text and tau_image = log 4 on images: the five terms).
 
 # %%
 AUX_WEIGHT = 0.4  # 10x the paper's 0.04, see above
 classic_config = get_preset("limoe", "digits-limoe-classic").replace(aux_loss_weight=AUX_WEIGHT)
 configs = {
     "classic": classic_config,
-    "+ local": classic_config.replace(name="digits-limoe-local",
-                                      text_aux_losses=("importance", "load", "local_entropy")),
+    "+ local": classic_config.replace(name="digits-limoe-local", text_aux_losses=("local_entropy",)),
     "paper": limoe_config.replace(aux_loss_weight=AUX_WEIGHT),
 }
 CHAPTER_STEPS = 260
@@ -214,7 +239,9 @@ results = train_side_by_side({"chapter04-" + c.name: c for c in configs.values()
                              workdir=WORKDIR, progress=False)
 models = dict(zip(configs, (result.model for result in results.values())))
 histories = dict(zip(configs, (result.history for result in results.values())))
-print(f"trained {len(models)} models for {CHAPTER_STEPS} steps of {run_config.batch_size} pairs")
+loaded = [name for name, result in zip(configs, results.values()) if result.resumed_from == CHAPTER_STEPS]
+print(f"{len(models) - len(loaded)} models trained for {CHAPTER_STEPS} steps of {run_config.batch_size} pairs"
+      + (f"; loaded from the checkpoints under {WORKDIR!r}: {', '.join(loaded)}" if loaded else ""))
 
 # %% [markdown]
 # The training loop logs, for every MoE layer (blocks 1 and 3) and modality, the success rate -- the fraction
@@ -281,21 +308,38 @@ axes[0].set_ylabel("share of text tokens")
 plt.tight_layout()
 
 # %% [markdown]
-# **What we measured.** The local entropy loss does what it says: text routing becomes more confident -- the
-# mean top-1 weight of a text token rises well above the classic model's in both MoE layers (the printed
-# numbers; when we wrote this, 0.29 and 0.23 for classic against 0.42 and 0.42 with the local loss, after 300
-# steps). **The paper's Fig. 3 collapse does not happen at our scale**: in all three models text still spreads
-# over (nearly) every expert and its success rate stays high -- above 0.9 in both layers at the end of
-# training, with classic losses as well. The routers are still far from one-hot, and with our per-modality
-# importance and load losses on text, nothing pushes text into a single expert. The global loss therefore has
-# nothing to repair: its thresholded value was exactly 0 for the whole run (printed below).
+# **What we measured** (the printed numbers; one seed, 260 steps, aux weight 0.4). The first two rows of the
+# paper's Fig. 3 show at toy scale. With the classic losses alone, text spreads over 5-6 experts per layer
+# and more than 90% of it is served in both layers. The local entropy loss does what it says -- text routing
+# becomes confident, the mean top-1 weight of a text token rising from about 0.37 and 0.26 (classic) to 0.85
+# and 0.93 when we wrote this -- and in doing so crowds text onto fewer experts (90% of it on 3 and 2 experts
+# instead of 5 and 6). The joint importance and load losses do not object: images still balance the total.
+# Text now overflows its experts: its success rate falls, to about 0.74 in the second MoE layer. That is the
+# middle row of Fig. 3 (a partial collapse: two or three experts, not the paper's one). The paper's third row
+# -- the global loss restoring text -- does not show here: with tau_text = log 2 it asks for only about 2
+# experts, text already uses about 3, so the thresholded loss switches on in a few routing groups but stays
+# tiny (printed below; the local loss is about 0.5) and the paper model serves text like the + local model.
+# The capacity arithmetic above says why log 2 is too low for our buffers: 80 text tokens, 32 slots per
+# expert, shared with images.
+#
+# Two checks we ran outside this notebook, with the same code and schedule (when we wrote this; the training
+# rows' numbers, as printed above): a second seed gave the same picture -- text success 0.978 / 0.949 with
+# classic losses, 0.791 / 0.796 with the local loss -- and a threshold that asks for enough experts brings
+# the third row of Fig. 3: the paper model with tau_text = log 4 served 0.896 / 0.875 of its text, with
+# log 6 0.938 / 0.906 (its text global loss reaching 0.06 and 0.11), against 0.884 / 0.738 for + local on
+# the same seed, for slightly less image success (0.90-0.92 in those runs, 0.92-0.95 here).
 
 # %%
 assert all(confidence["+ local"][layer] > confidence["classic"][layer] + 0.05 for layer in (0, 1)), confidence
-assert all(late[name][f"text/{layer}"] > 0.9 for name in configs for layer in (0, 1)), late
+assert all(late["classic"][f"text/{layer}"] > 0.9 for layer in (0, 1)), late
+assert all(text_experts["+ local"][layer] < text_experts["classic"][layer] for layer in (0, 1)), text_experts
+assert any(late["+ local"][f"text/{layer}"] < late["classic"][f"text/{layer}"] - 0.1 for layer in (0, 1)), late
 text_global = [r["aux/text/global_entropy"] for r in histories["paper"]]
-print(f"paper model, thresholded text global entropy loss over training: max {max(text_global):.4f}")
-assert max(text_global) == 0.0
+text_local = [r["aux/text/local_entropy"] for r in histories["paper"]]
+print(f"paper model over training: thresholded text global entropy loss max {max(text_global):.4f}, "
+      f"text local entropy loss at the end {text_local[-1]:.3f}")
+assert max(text_global) < 0.1 * math.log(2)  # the text marginal never fell far below the threshold
+assert all(abs(late["paper"][f"text/{layer}"] - late["+ local"][f"text/{layer}"]) < 0.05 for layer in (0, 1)), late
 
 # %% [markdown]
 # ## 4. The threshold as a soft minimum (Figs. 9-10)
@@ -339,12 +383,10 @@ slider.observe(lambda change: handle.update(threshold_figure(change["new"])), na
 
 # %% [markdown]
 # In the paper (Figs. 9-10) the threshold behaves exactly like that: as tau_text grows, the models use more
-# text experts and fewer image experts. At our scale there is nothing for it to do. Text already spreads over
-# nearly all 8 experts (the counts above), so the entropy of its expert distribution stays above tau, and the
-# thresholded loss is 0. We also trained the paper model with tau_text = log 6 (a soft minimum of 6 experts):
-# its text global loss was 0 for the whole run too, and its routing and accuracies matched the tau = log 2
-# model to the third decimal. Below, the entropy of each model's text first-choice shares (MoE layer 0) -- a
-# direct reading of how spread out text routing is -- against the thresholds.
+# text experts and fewer image experts. In our runs above, tau_text = log 2 sits below what text already
+# uses (about 3 experts after the local loss, 5-6 without it), so the loss hardly acts; at log 4 and log 6
+# it acted and text was served again (section 3). Below, the entropy of each model's text first-choice
+# shares (MoE layer 0) -- a direct reading of how spread out text routing is -- against the thresholds.
 
 # %%
 for name, share in shares.items():
@@ -451,8 +493,8 @@ for mode, accuracies in pruning.items():
 # Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates).
 # With fewer experts the two modes differ only in the gates: router_drop renormalises them over the kept
 # experts, router_pred keeps the trained scale. The paper finds router_pred the better one when many experts
-# go; at our scale the printed accuracies are what we measured -- the model's routing is still nearly
-# uniform, so removing experts removes work that text did use.
+# go; at our scale the printed accuracies are what we measured, and with zero-shot accuracy this close to
+# chance (0.1) after a few hundred steps, the differences between them say little.
 
 # %%
 assert pruning["router_drop"][0] == pruning["router_pred"][0] == scores["paper"]["zero_shot_accuracy"], pruning

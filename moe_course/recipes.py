@@ -22,11 +22,11 @@ _CPU_RECIPES = {
     # Soft MoE on digits-tiny's backbone: the same schedule again, so dense, V-MoE and Soft MoE compare.
     "digits-tiny-soft": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                     checkpoint_every=500, log_every=50, eval_every=500),
-    # LIMoE and its dense one-tower baseline on the captioned digits: one schedule for both (README, "Measured").
-    "digits-limoe": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=100,
-                                checkpoint_every=500, log_every=50, eval_every=0),
-    "digits-dense-one-tower": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=100,
-                                          checkpoint_every=500, log_every=50, eval_every=0),
+    # LIMoE, its Fig. 3 loss baselines and its dense one-tower baseline on the captioned digits: one schedule
+    # for all (README, "Measured").
+    **dict.fromkeys(("digits-limoe", "digits-limoe-classic", "digits-limoe-local", "digits-dense-one-tower"),
+                    TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=100,
+                                checkpoint_every=500, log_every=50, eval_every=0)),
     "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,
                                 checkpoint_every=500, log_every=50, eval_every=500),
 }

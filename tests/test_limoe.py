@@ -104,8 +104,9 @@ def test_padding_changes_nothing_and_takes_no_expert_slot(tiny, pairs):
 def test_aux_loss_is_the_layers_mean_of_weight_times_mean_of_terms(tiny, pairs):
     model = LIMoE(tiny, rngs=nnx.Rngs(0))
     out = model(*pairs)
-    assert set(out.aux_terms) == {"image/importance", "image/load", "image/global_entropy", "text/importance",
-                                  "text/load", "text/local_entropy", "text/global_entropy"}
+    # The paper's five terms: importance and load over all real tokens, entropy losses per modality.
+    assert set(out.aux_terms) == {"importance", "load", "image/global_entropy", "text/local_entropy",
+                                  "text/global_entropy"}
     np.testing.assert_allclose(out.aux_loss, 0.04 * np.mean([float(v) for v in out.aux_terms.values()]), rtol=1e-5)
     dense = LIMoE(tiny.replace(placement="none"), rngs=nnx.Rngs(0))(*pairs)
     assert float(dense.aux_loss) == 0.0 and dense.routing == ()
@@ -126,9 +127,11 @@ def test_bpr_with_a_token_mask_serves_real_tokens_as_if_padding_were_absent():
 @pytest.mark.parametrize("changes, field", [
     ({"text_aux_losses": ("local_entropy", "entropy")}, "text_aux_losses has unknown loss 'entropy'"),
     ({"image_aux_losses": ("nope",)}, "image_aux_losses has unknown loss 'nope'"),
-    ({"joint_aux_losses": ("load",)}, "joint_aux_losses has unknown loss 'load'"),
-    ({"text_tau": 0.0}, "text_tau=0.0"),
-    ({"image_tau": -1.0}, "image_tau=-1.0"),
+    ({"joint_aux_losses": ("local_entropy",)}, "joint_aux_losses has unknown loss 'local_entropy'"),
+    ({"joint_aux_losses": "importance"}, "joint_aux_losses='importance' is not allowed"),
+    ({"text_tau": float("nan")}, "text_tau=nan"),
+    ({"image_tau": float("inf")}, "image_tau=inf"),
+    ({"noise_std": 0.0}, "noise_std=0 leaves the load loss undefined"),
     ({"seq_len": 0}, "seq_len=0"),
     ({"vocab_size": 1}, "vocab_size=1"),
     ({"pool": "cls"}, "pool='cls'"),
@@ -141,11 +144,22 @@ def test_bad_config_gives_a_one_line_error_naming_the_field(tiny, changes, field
     assert "\n" not in str(info.value)
 
 
+def test_thresholds_at_or_below_zero_are_allowed_and_switch_the_global_loss_off(tiny, pairs):
+    config = tiny.replace(text_tau=0.0, image_tau=-1.0).validate()
+    out = LIMoE(config, rngs=nnx.Rngs(0))(*pairs)
+    assert float(out.aux_terms["text/global_entropy"]) == float(out.aux_terms["image/global_entropy"]) == 0.0
+
+
 def test_presets_validate_and_round_trip():
     for name in ("digits-limoe", "digits-limoe-classic", "digits-dense-one-tower", "limoe-b/16", "limoe-l/16",
-                 "dense-one-tower-b/16"):
+                 "limoe-b/16-classic", "limoe-l/16-classic", "dense-one-tower-b/16", "digits-limoe-local"):
         config = get_preset("limoe", name).validate()
         assert config_from_dict(config_to_dict(config)) == config
+        assert config.aux_loss_weight == 0.04 and config.joint_aux_losses == ("importance", "load"), name
+        # The paper's mix (Sec. 2.2.2), Fig. 3's classic baseline, or its middle step (+ local entropy on text).
+        ladder = {"classic": ((), ()), "local": (("local_entropy",), ())}
+        text, image = ladder.get(name.rsplit("-", 1)[-1], (("local_entropy", "global_entropy"), ("global_entropy",)))
+        assert (config.text_aux_losses, config.image_aux_losses) == (text, image), name
     paper = get_preset("limoe", "limoe-b/16")
     assert (paper.num_experts, paper.k, paper.allocation, paper.seq_len, paper.embed_dim) == (32, 1, "bpr", 16, 512)
     np.testing.assert_allclose([paper.text_tau, paper.image_tau, paper.aux_loss_weight], [math.log(9), math.log(20), 0.04])

@@ -7,7 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from scipy.stats import norm
+
 from moe_course.routing import (
+    JOINT_LOSSES,
     LIMOE_AUX_WEIGHT,
     MODALITIES,
     PER_MODALITY_LOSSES,
@@ -102,10 +105,21 @@ def test_threshold_switches_the_global_loss_off_exactly_above_tau():
     assert float(jnp.abs(grad_off).sum()) == 0.0
 
 
-@pytest.mark.parametrize("tau", [0.0, -1.0, float("nan"), float("inf")])
-def test_tau_must_be_positive(tau):
+@pytest.mark.parametrize("tau", [float("nan"), float("inf"), -float("inf"), "log 2", True])
+def test_tau_must_be_a_finite_number(tau):
     with pytest.raises(ValueError, match="tau="):
         global_entropy_loss(jnp.zeros((1, 2, 3)), tau=tau)
+
+
+@pytest.mark.parametrize("tau", [0.0, -0.5])
+def test_tau_at_or_below_zero_switches_the_global_loss_off(tau):
+    # max(0, tau - H) with H >= 0: zero for every routing, even a full collapse (H = 0), and no gradient.
+    collapsed = one_hot_logits([[1, 1, 1, 1]], 4)
+    soft = jax.random.normal(jax.random.key(11), (2, 8, 4))
+    for logits in (collapsed, soft):
+        assert float(global_entropy_loss(logits, tau=tau)) == 0.0
+        assert float(jnp.abs(jax.grad(lambda z: global_entropy_loss(z, tau=tau))(logits)).sum()) == 0.0
+    assert float(global_entropy_loss(collapsed, tau=0.1)) > 0.0  # just above 0 it is on again
 
 
 def test_target_entropy_k_gt_1():
@@ -161,6 +175,67 @@ def test_classic_losses_with_a_mask_equal_the_loss_on_the_kept_tokens():
     np.testing.assert_allclose(router_z_loss(logits, mask), z.mean(), rtol=1e-5)
 
 
+def hand_joint_classic(logits, noisy, modality, k, sigma):
+    """Importance, load and z-loss over each group's real tokens of BOTH modalities, written out as loops
+    (V-MoE App. A.2 Eq. 1-6, ST-MoE's z-loss, LIMoE App. B.1), then averaged over groups with real tokens."""
+    logits, noisy = np.asarray(logits, np.float64), np.asarray(noisy, np.float64)
+    groups, tokens, experts = logits.shape
+    out = {"importance": [], "load": [], "z_loss": []}
+    for g in range(groups):
+        real = [t for t in range(tokens) if modality[g][t] != -1]  # image and text alike; padding never
+        if not real:
+            continue
+        imp, load, z = np.zeros(experts), np.zeros(experts), 0.0
+        for t in real:
+            imp += np_softmax(logits[g, t])
+            threshold = sorted(noisy[g, t], reverse=True)[k - 1]
+            for e in range(experts):
+                load[e] += 1.0 - norm.cdf((threshold - logits[g, t, e]) / sigma)
+            z += math.log(sum(math.exp(a) for a in logits[g, t])) ** 2
+        out["importance"].append(np.var(imp) / np.mean(imp) ** 2)
+        out["load"].append(np.var(load) / np.mean(load) ** 2)
+        out["z_loss"].append(z / len(real))
+    return {name: np.mean(values) for name, values in out.items()}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_joint_classic_losses_equal_a_literal_loop_over_all_real_tokens(batch, k):
+    logits, modality = batch
+    noisy = logits + 0.3 * jax.random.normal(jax.random.key(12), logits.shape)
+    out = multimodal_aux_losses(logits, noisy, modality, losses={}, joint=("importance", "load", "z_loss"), k=k,
+                                noise_std=0.3, weight=1.0)
+    expected = hand_joint_classic(logits, noisy, np.asarray(modality), k, 0.3)
+    assert set(out.terms) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(out.terms[name], value, rtol=2e-5, err_msg=name)
+    np.testing.assert_allclose(out.total, np.mean(list(expected.values())), rtol=2e-5)
+    # Joint is not the mean of the per-modality losses: they are different numbers on this batch.
+    per = multimodal_aux_losses(logits, noisy, modality, losses={"image": ("importance",), "text": ("importance",)})
+    for name in ("image/importance", "text/importance"):
+        assert abs(float(per.terms[name]) - float(out.terms["importance"])) > 1e-3, name
+
+
+def test_sec_2_2_1_collapsed_text_barely_moves_the_joint_classic_losses():
+    # LIMoE Sec. 2.2.1 with B/16's numbers: 32 experts, 196 image tokens spread evenly (round robin: 28
+    # experts get 6, 4 get 7), all 16 text tokens on expert 0 -- text collapsed, its expert overflowing.
+    experts, image, text = 32, 196, 16
+    logits = one_hot_logits([np.r_[np.arange(image) % experts, np.zeros(text, int)]], experts)
+    modality = jnp.asarray([[0] * image + [1] * text], jnp.int32)
+    joint = multimodal_aux_losses(logits, logits, modality, losses={}, joint=("importance", "load"))
+    per_modality = multimodal_aux_losses(logits, logits, modality, losses={m: ("importance", "load") for m in MODALITIES})
+    # Importance and load range over [0, E - 1]; the joint ones stay within 1% of it, so the paper's classic
+    # losses hardly see the collapse ...
+    for name in ("importance", "load"):
+        assert float(joint.terms[name]) < 0.01 * (experts - 1), joint.terms
+    # ... while the per-modality text terms sit at their maximum E - 1 (every text token on one expert).
+    for name in ("text/importance", "text/load"):
+        np.testing.assert_allclose(per_modality.terms[name], experts - 1, rtol=1e-5)
+    assert float(per_modality.total) > 50 * float(joint.total)
+    # The exact joint importance: per-expert sums 6 (28x), 7 (3x), 7 + 16 (expert 0) -> CV^2 of that vector.
+    imp = np.r_[np.full(28, 6.0), np.full(3, 7.0), 23.0]
+    np.testing.assert_allclose(joint.terms["importance"], np.var(imp) / np.mean(imp) ** 2, rtol=1e-5)
+
+
 ALL_LOSSES = {"image": PER_MODALITY_LOSSES, "text": PER_MODALITY_LOSSES}
 TAUS = {"image": math.log(5), "text": math.log(2)}
 
@@ -168,7 +243,7 @@ TAUS = {"image": math.log(5), "text": math.log(2)}
 @jax.jit
 def _all_terms(logits, modality, noisy=None):
     return multimodal_aux_losses(logits, logits if noisy is None else noisy, modality, losses=ALL_LOSSES, taus=TAUS,
-                                 joint=("mutual_information",), k=2, noise_std=0.2)
+                                 joint=JOINT_LOSSES, k=2, noise_std=0.2)
 
 
 def test_padding_tokens_change_no_loss(batch):
@@ -176,7 +251,7 @@ def test_padding_tokens_change_no_loss(batch):
     padded = jnp.where((modality == -1)[..., None], 0.0, logits)
     wild = jnp.where((modality == -1)[..., None], 50.0 * jax.random.normal(jax.random.key(9), logits.shape), logits)
     a, b = _all_terms(padded, modality), _all_terms(wild, modality)
-    assert set(a.terms) == {f"{m}/{n}" for m in MODALITIES for n in PER_MODALITY_LOSSES} | {"mutual_information"}
+    assert set(a.terms) == {f"{m}/{n}" for m in MODALITIES for n in PER_MODALITY_LOSSES} | set(JOINT_LOSSES)
     for name in a.terms:
         np.testing.assert_allclose(a.terms[name], b.terms[name], rtol=1e-6, err_msg=name)
     grad = jax.grad(lambda z: _all_terms(z, modality).total)(logits)
@@ -221,9 +296,10 @@ def test_selection_errors_name_the_field(batch):
         multimodal_aux_losses(logits, logits, modality, losses={"text": ("entropy",)})
     with pytest.raises(ValueError, match="modality 'audio' is not known"):
         multimodal_aux_losses(logits, logits, modality, losses={"audio": ("load",)})
-    with pytest.raises(ValueError, match="joint has unknown loss 'importance'"):
-        multimodal_aux_losses(logits, logits, modality, losses={}, joint=("importance",))
-    with pytest.raises(ValueError, match="tau=0"):
-        multimodal_aux_losses(logits, logits, modality, losses={"text": ("global_entropy",)}, taus={"text": 0})
+    with pytest.raises(ValueError, match="joint has unknown loss 'local_entropy'"):
+        multimodal_aux_losses(logits, logits, modality, losses={}, joint=("local_entropy",))
+    with pytest.raises(ValueError, match="tau=nan"):
+        multimodal_aux_losses(logits, logits, modality, losses={"text": ("global_entropy",)},
+                              taus={"text": float("nan")})
     with pytest.raises(ValueError, match="names a loss twice"):
         multimodal_aux_losses(logits, logits, modality, losses={"text": ("load", "load")})

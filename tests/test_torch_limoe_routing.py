@@ -155,14 +155,19 @@ def test_mutual_information_values_and_gradients(seed):
 
 
 MULTIMODAL = [
-    ("paper", dict(losses={"text": ("importance", "load", "local_entropy", "global_entropy"),
-                           "image": ("importance", "load", "global_entropy")},
-                   taus={"text": math.log(3), "image": math.log(4)}), 1),
+    ("paper's five", dict(losses={"text": ("local_entropy", "global_entropy"), "image": ("global_entropy",)},
+                          joint=("importance", "load"), taus={"text": math.log(3), "image": math.log(4)}), 1),
+    ("per-modality classic", dict(losses={"text": ("importance", "load", "local_entropy", "global_entropy"),
+                                          "image": ("importance", "load", "global_entropy")},
+                                  taus={"text": math.log(3), "image": math.log(4)}), 1),
+    ("joint classic k=2 with z", dict(losses={}, joint=("importance", "load", "z_loss"), noise_std=0.3), 2),
     ("k=2 target, merged, z, MI", dict(losses={"text": ("target_entropy", "z_loss"),
                                                "image": ("merged_entropy", "global_entropy")},
                                        taus={"image": None}, joint=("mutual_information",), weight=0.5), 2),
     ("tau switches the global loss off", dict(losses={"text": ("global_entropy",), "image": ("global_entropy",)},
                                               taus={"text": 0.01, "image": 0.01}), 1),
+    ("tau <= 0", dict(losses={"text": ("global_entropy",), "image": ("global_entropy", "z_loss")},
+                      taus={"text": 0.0, "image": -1.0}), 1),
     ("nothing chosen", dict(losses={}), 1),
 ]
 
@@ -215,7 +220,8 @@ def test_pruned_top_k_routing(mode, k, noisy):
 
 def test_pure_python_helpers_are_shared_not_copied():
     for name in ("PRUNING_MODES", "pruning_order", "coverage_after_pruning", "check_tau", "check_loss_names",
-                 "MODALITIES", "PADDING", "PER_MODALITY_LOSSES", "JOINT_LOSSES", "LIMOE_AUX_WEIGHT"):
+                 "MODALITIES", "PADDING", "PER_MODALITY_LOSSES", "JOINT_LOSSES", "CLASSIC_LOSSES",
+                 "ENTROPY_LOSSES", "LIMOE_AUX_WEIGHT"):
         assert getattr(tr, name) is getattr(jr, name), name
 
 
@@ -256,7 +262,7 @@ def _bad_calls():
         ("mask of other shape", lambda m, a: m.importance_loss(a(logits), a(np.ones((G, T + 1), bool)))),
         ("z-loss 2-d logits", lambda m, a: m.router_z_loss(a(logits[0]))),
         ("token_mask of other shape", lambda m, a: m.allocate(a(index), a(gates), 2, E, token_mask=a(np.ones(T, bool)))),
-        ("tau 0", lambda m, a: m.global_entropy_loss(a(logits), tau=0.0)),
+        ("tau inf", lambda m, a: m.global_entropy_loss(a(logits), tau=float("inf"))),
         ("tau nan", lambda m, a: m.global_entropy_loss(a(logits), tau=float("nan"))),
         ("target k > E", lambda m, a: m.target_entropy_loss(a(logits), k=E + 1)),
         ("merged k 0", lambda m, a: m.merged_entropy_loss(a(logits), k=0)),
@@ -269,9 +275,9 @@ def _bad_calls():
         ("loss named twice", lambda m, a: m.multimodal_aux_losses(a(logits), a(logits), a(modality),
                                                                   losses={"text": ("load", "load")})),
         ("unknown joint loss", lambda m, a: m.multimodal_aux_losses(a(logits), a(logits), a(modality), losses={},
-                                                                    joint=("importance",))),
+                                                                    joint=("local_entropy",))),
         ("bad tau by modality", lambda m, a: m.multimodal_aux_losses(a(logits), a(logits), a(modality),
-                                                                     losses={}, taus={"image": -1.0})),
+                                                                     losses={}, taus={"image": float("nan")})),
         ("unknown pruning mode", lambda m, a: m.pruned_top_k_routing(a(logits), 1, [True] * E, mode="drop")),
         ("keep of other length", lambda m, a: m.pruned_top_k_routing(a(logits), 1, [True] * 3, mode="router_drop")),
         ("k above kept experts", lambda m, a: m.pruned_top_k_routing(a(logits), 3, [True, True, False, False, False],

@@ -6,8 +6,13 @@ baseline with the same backbone (the paper trains such models as its baselines, 
 
 Paper settings (Sec. 3, App. A): 32 experts every 2 blocks, K = 1, BPR during training, output
 representation of 512, text sequence length 16, aux weight 0.04 on the mean of the chosen losses, and for
-B/16 the global-entropy thresholds tau_text = log 9, tau_image = log 20; local + global entropy on text,
-global on images, with the classic importance and load losses.
+B/16 the global-entropy thresholds tau_text = log 9, tau_image = log 20. The losses are the paper's five
+(Sec. 2.2.2, Table 3): the classic importance and load losses over all tokens of both modalities together,
+local + global entropy on text, global entropy on images. The ``-classic`` presets are Fig. 3's "classic"
+baseline: joint importance + load only (the figure's caption: "the standard formulation (importance + load
+losses)"; the z-loss is in neither that baseline nor LIMoE's chosen five). Fig. 3's ladder on the digits:
+``digits-limoe-classic`` -> ``digits-limoe-local`` (+ local entropy on text) -> ``digits-limoe`` (+ global
+entropy); ``--patch-size 4`` gives 64 image tokens per ~10 text tokens, the paper's kind of imbalance.
 """
 
 from __future__ import annotations
@@ -21,9 +26,9 @@ from moe_course.configs.vmoe import PLACEMENTS, VMoEConfig
 from moe_course.routing.modality_losses import JOINT_LOSSES, PER_MODALITY_LOSSES, check_loss_names
 
 LIMOE_PLACEMENTS = PLACEMENTS + ("none",)
-PAPER_TEXT_LOSSES = ("importance", "load", "local_entropy", "global_entropy")
-PAPER_IMAGE_LOSSES = ("importance", "load", "global_entropy")
-CLASSIC_LOSSES = ("importance", "load")
+PAPER_JOINT_LOSSES = ("importance", "load")  # the classic losses, over all real tokens of both modalities
+PAPER_TEXT_LOSSES = ("local_entropy", "global_entropy")
+PAPER_IMAGE_LOSSES = ("global_entropy",)
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,13 @@ class LIMoEConfig(VMoEConfig):
     vocab_size: text pieces (the tokenizer's vocabulary). seq_len: text tokens per caption (16, App. A).
     embed_dim: size of the shared image-text embedding (the per-modality linear projections' output).
     temperature_init: the learned logit scale's start, 10 (kept as its log; SPEC Sec. 3).
-    image_aux_losses / text_aux_losses: names from ``PER_MODALITY_LOSSES`` computed on that modality's
-    tokens; joint_aux_losses: names from ``JOINT_LOSSES`` (-MI(experts; m)). image_tau / text_tau: the
-    global-entropy thresholds (> 0; None = unthresholded). aux_loss_weight: times the mean of all chosen
-    losses (0.04). placement may also be "none": a dense one-tower model (no MoE layer, no aux loss).
+    joint_aux_losses: names from ``JOINT_LOSSES``, each computed once over all real tokens of both modalities
+    (the paper's importance and load; also z_loss and mutual_information). image_aux_losses /
+    text_aux_losses: names from ``PER_MODALITY_LOSSES`` computed on that modality's tokens only (the
+    paper's entropy losses; the classic names here are per-modality variants for ablations). The defaults
+    are the paper's five terms. image_tau / text_tau: the global-entropy thresholds (finite numbers, tau =
+    log S for a soft minimum of S experts, <= 0 switches the loss off; None = unthresholded).
+    aux_loss_weight: times the mean of all chosen losses (0.04). placement may also be "none": a dense one-tower model (no MoE layer, no aux loss).
     The model average-pools each modality, so pool must be "gap"; num_classes is the number of classes
     zero-shot evaluation uses (the model has no classifier head). Padding tokens take no expert slot, which
     experts choice cannot promise, so allocation must be a token-choice one.
@@ -55,7 +63,7 @@ class LIMoEConfig(VMoEConfig):
     temperature_init: float = 10.0
     image_aux_losses: tuple[str, ...] = PAPER_IMAGE_LOSSES
     text_aux_losses: tuple[str, ...] = PAPER_TEXT_LOSSES
-    joint_aux_losses: tuple[str, ...] = ()
+    joint_aux_losses: tuple[str, ...] = PAPER_JOINT_LOSSES
     image_tau: float | None = math.log(20)
     text_tau: float | None = math.log(9)
 
@@ -75,8 +83,8 @@ class LIMoEConfig(VMoEConfig):
         check_integers(self, ("vocab_size",), minimum=2)
         check_integers(self, ("embed_dim",), minimum=1)
         check_number(self, "temperature_init", minimum=0, above_minimum=True)
-        check_number(self, "image_tau", minimum=0, above_minimum=True, optional=True)
-        check_number(self, "text_tau", minimum=0, above_minimum=True, optional=True)
+        check_number(self, "image_tau", optional=True)
+        check_number(self, "text_tau", optional=True)
         check_loss_names("image_aux_losses", self.image_aux_losses, PER_MODALITY_LOSSES)
         check_loss_names("text_aux_losses", self.text_aux_losses, PER_MODALITY_LOSSES)
         check_loss_names("joint_aux_losses", self.joint_aux_losses, JOINT_LOSSES)
@@ -86,9 +94,9 @@ class LIMoEConfig(VMoEConfig):
         if self.allocation == "experts_choice":
             raise ValueError("allocation='experts_choice' is not allowed for LIMoE (padding must take no expert "
                              "slot); use 'bpr' (the paper's), 'vanilla' or 'skip_patch'")
-        if self.noise_std == 0 and "load" in self.image_aux_losses + self.text_aux_losses:
+        if self.noise_std == 0 and "load" in self.joint_aux_losses + self.image_aux_losses + self.text_aux_losses:
             raise ValueError("noise_std=0 leaves the load loss undefined (App. A.2); drop 'load' from "
-                             "image_aux_losses/text_aux_losses or use router noise")
+                             "joint_aux_losses/image_aux_losses/text_aux_losses or use router noise")
         return self
 
     @property
@@ -102,11 +110,14 @@ class LIMoEConfig(VMoEConfig):
         return {"image": self.image_tau, "text": self.text_tau}
 
 
-def _paper(size: str, depth: int, heads: int, width: int, mlp: int, placement: str = "every-2") -> LIMoEConfig:
+def _paper(size: str, depth: int, heads: int, width: int, mlp: int, placement: str = "every-2",
+           classic: bool = False) -> LIMoEConfig:
     dense = placement == "none"
+    name = f"{'dense-one-tower' if dense else 'limoe'}-{size}/16{'-classic' if classic else ''}"
+    losses = {"image_aux_losses": (), "text_aux_losses": ()} if classic else {}
     return LIMoEConfig(
-        name=f"{'dense-one-tower' if dense else 'limoe'}-{size}/16", image_size=224, patch_size=16, width=width,
-        depth=depth, heads=heads, mlp_dim=mlp, num_classes=1000, placement=placement,
+        name=name, image_size=224, patch_size=16, width=width, depth=depth, heads=heads, mlp_dim=mlp,
+        num_classes=1000, placement=placement, **losses,
     )
 
 
@@ -124,10 +135,14 @@ LIMOE_PRESETS: dict[str, LIMoEConfig] = {
     for cfg in [
         _paper("b", 12, 12, 768, 3072),
         _paper("l", 24, 16, 1024, 4096),
+        _paper("b", 12, 12, 768, 3072, classic=True),
+        _paper("l", 24, 16, 1024, 4096, classic=True),
         _paper("b", 12, 12, 768, 3072, placement="none"),
         _paper("l", 24, 16, 1024, 4096, placement="none"),
         _digits("digits-limoe", "every-2"),
-        _digits("digits-limoe-classic", "every-2", image_aux_losses=CLASSIC_LOSSES, text_aux_losses=CLASSIC_LOSSES),
+        _digits("digits-limoe-classic", "every-2", image_aux_losses=(), text_aux_losses=()),
+        # Fig. 3's middle step: classic + local entropy on text (then digits-limoe adds the global losses).
+        _digits("digits-limoe-local", "every-2", image_aux_losses=(), text_aux_losses=("local_entropy",)),
         _digits("digits-dense-one-tower", "none"),
     ]
 }

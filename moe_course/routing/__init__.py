@@ -71,6 +71,8 @@ from moe_course.routing.losses import (
     squared_coefficient_of_variation,
 )
 from moe_course.routing.modality_losses import (
+    CLASSIC_LOSSES,
+    ENTROPY_LOSSES,
     JOINT_LOSSES,
     LIMOE_AUX_WEIGHT,
     MODALITIES,
@@ -124,9 +126,11 @@ __all__ = [
     "AUX_LOSS_WEIGHT",
     "Allocation",
     "AuxLosses",
+    "CLASSIC_LOSSES",
     "CapacityRoundingWarning",
     "ExpertsChoice",
     "IMPLEMENTATIONS",
+    "ENTROPY_LOSSES",
     "JOINT_LOSSES",
     "LIMOE_AUX_WEIGHT",
     "METHODS",

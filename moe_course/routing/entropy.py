@@ -86,22 +86,28 @@ def local_entropy_loss(logits: jax.Array, mask: jax.Array | None = None) -> jax.
 
 
 def check_tau(tau) -> float | None:
-    """``tau`` as a float if it is a finite number > 0, None if None; else ValueError naming tau."""
+    """``tau`` as a float if it is a finite number, None if None; else ValueError naming tau.
+
+    Any finite tau is allowed: tau <= 0 makes the thresholded global loss ``max(0, tau - H)`` exactly 0 for
+    every routing (an entropy is never negative), the "off" end of the paper's threshold sweeps (App. B.2).
+    """
     if tau is None:
         return None
-    ok = isinstance(tau, numbers.Real) and not isinstance(tau, bool) and math.isfinite(tau) and tau > 0
+    ok = isinstance(tau, numbers.Real) and not isinstance(tau, bool) and math.isfinite(tau)
     if not ok:
-        raise ValueError(f"tau={tau!r} is not allowed; use a finite threshold > 0 (tau = log S for a soft minimum "
-                         "of S experts) or None for the unthresholded loss")
+        raise ValueError(f"tau={tau!r} is not allowed; use a finite threshold (tau = log S for a soft minimum of S "
+                         "experts; <= 0 switches the loss off) or None for the unthresholded loss")
     return float(tau)
 
 
 def global_entropy_loss(logits: jax.Array, mask: jax.Array | None = None, *, tau: float | None = None) -> jax.Array:
     """Global entropy loss (LIMoE Eq. 2 and Sec. 2.2.2), averaged over groups -> scalar float32.
 
-    tau None: Omega_global = -H(p~_m), in [-log E, 0]. tau > 0: the thresholded ``max(0, tau - H(p~_m))``,
-    exactly 0 (and without gradient) once the marginal entropy exceeds tau. logits, mask as
-    ``marginal_probs``. Raises ValueError for tau <= 0, NaN or infinite.
+    tau None: Omega_global = -H(p~_m), in [-log E, 0]. tau a finite number: the thresholded
+    ``max(0, tau + Omega_global)`` = ``max(0, tau - H(p~_m))``, exactly 0 (and without gradient) once the
+    marginal entropy reaches tau -- so for tau <= 0 it is 0 whatever the routing, since H >= 0 (App. B.2
+    sweeps tau from log 1 = 0 up). logits, mask as ``marginal_probs``. Raises ValueError for a tau that is
+    NaN, infinite or not a number.
     """
     tau = check_tau(tau)
     marginal, present = marginal_probs(logits, mask)

@@ -83,6 +83,8 @@ from moe_course.torch.routing.mod import (
     standard_router_scores,
 )
 from moe_course.torch.routing.modality_losses import (
+    CLASSIC_LOSSES,
+    ENTROPY_LOSSES,
     JOINT_LOSSES,
     LIMOE_AUX_WEIGHT,
     MODALITIES,
@@ -122,8 +124,8 @@ from moe_course.torch.routing.soft import (
 )
 
 __all__ = [
-    "AUX_LOSS_WEIGHT", "Allocation", "AuxLosses", "CapacityRoundingWarning", "ExpertsChoice", "IMPLEMENTATIONS",
-    "JOINT_LOSSES", "LIMOE_AUX_WEIGHT", "METHODS", "MODALITIES", "MOD_ROUTERS", "MoDSelection",
+    "AUX_LOSS_WEIGHT", "Allocation", "AuxLosses", "CLASSIC_LOSSES", "CapacityRoundingWarning", "ENTROPY_LOSSES",
+    "ExpertsChoice", "IMPLEMENTATIONS", "JOINT_LOSSES", "LIMOE_AUX_WEIGHT", "METHODS", "MODALITIES", "MOD_ROUTERS", "MoDSelection",
     "MultimodalAuxLosses", "NORM_EPS", "ORDERS", "PADDING", "PER_MODALITY_LOSSES", "PRUNING_MODES",
     "RATIO_WARNING_TOLERANCE", "ROUNDINGS", "RouterOutput", "SCORES", "SoftRouting", "add_router_noise", "allocate",
     "allocate_in_order", "apply_experts", "apply_soft_experts", "attention_router_scores", "auxiliary_losses",

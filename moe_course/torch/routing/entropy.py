@@ -67,7 +67,8 @@ def local_entropy_loss(logits: torch.Tensor, mask: torch.Tensor | None = None) -
 def global_entropy_loss(logits: torch.Tensor, mask: torch.Tensor | None = None, *,
                         tau: float | None = None) -> torch.Tensor:
     """Twin of the JAX ``global_entropy_loss`` (LIMoE Eq. 2, Sec. 2.2.2) -> scalar float32: -H(p~_m) for tau
-    None, else max(0, tau - H(p~_m)), averaged over groups. Raises ValueError for tau <= 0, NaN or infinite."""
+    None, else max(0, tau - H(p~_m)) (0 for every routing when tau <= 0), averaged over groups. Raises
+    ValueError for a tau that is NaN, infinite or not a number."""
     tau = check_tau(tau)
     marginal, present = marginal_probs(logits, mask)
     h = entropy(marginal)

@@ -2,7 +2,10 @@
 
 Build (README, "The website"): ``sphinx-build -b html docs docs/_build/html``. Settings read from the
 environment: ``MOE_COURSE_SITE_EXECUTE`` -- ``all`` (default), ``none``, or chapter stems separated by commas
-(``02_moe_layer``): which chapters run; the others are rendered without outputs.
+(``02_moe_layer``): which chapters run; the others are rendered without outputs, and every page says which.
+``MOE_COURSE_REPOSITORY`` -- the repository's address (``https://github.com/OWNER/moe-course``), the one setting
+for everything that points at it: the header's repository link, the ``git clone`` line and Binder link on each
+chapter page, and where the first cell of a downloaded chapter installs the course from. Unset: none of these.
 """
 
 import os
@@ -36,7 +39,8 @@ myst_heading_anchors = 3
 # Execution: jupyter-cache keyed on each chapter's code, so a rebuild runs only the chapters that changed.
 nb_execution_mode = "cache"
 nb_execution_cache_path = str(DOCS / "_build" / ".jupyter_cache")
-nb_execution_excludepatterns = course_site.execution_excludes(os.environ.get("MOE_COURSE_SITE_EXECUTE", "all"))
+course_executed = course_site.executed_chapters(os.environ.get("MOE_COURSE_SITE_EXECUTE", "all"))
+nb_execution_excludepatterns = course_site.execution_excludes(course_executed)
 nb_execution_in_temp = True  # chapters write runs/ into a fresh temporary folder, never into docs/
 nb_execution_timeout = 1800  # seconds per cell (a loaded 2-core machine trains chapter 3 for ~15 minutes)
 nb_execution_raise_on_error = True
@@ -57,9 +61,14 @@ nitpick_ignore_regex = [(r"py:.*", r"(jax|jnp|np|numpy|flax|nnx|optax|orbax|torc
                         # type variables of generic helpers
                         (r"py:class", r"moe_course\.(train\.concurrent\.[TR]|checks\.Config)")]
 
+course_repository = os.environ.get("MOE_COURSE_REPOSITORY", "").strip()
+
 html_theme = "sphinx_book_theme"
-# One search field, in the sidebar (the theme also puts one in a header bar of its own).
-html_theme_options = {"show_toc_level": 2, "use_download_button": False, "navbar_persistent": []}
+# One search field, in the sidebar (the theme also puts one in a header bar of its own). The download button
+# offers a chapter's .ipynb (course_site.write_downloads); with course_repository set, course_site adds the
+# repository link.
+html_theme_options = {"show_toc_level": 2, "use_download_button": True, "navbar_persistent": []}
+html_favicon = "_static/favicon.svg"
 html_last_updated_fmt = None
 html_static_path = ["_static"]
 html_css_files = ["course.css"]

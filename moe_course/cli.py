@@ -15,6 +15,7 @@ from moe_course.data.base import DataError
 
 
 FRAMEWORKS = ("jax", "torch", "both")
+REFERENCE_FORMATS = ("vmoe", "big_vision")
 
 
 def _preset_list() -> str:
@@ -67,8 +68,21 @@ def _parser() -> argparse.ArgumentParser:
                      help="attention (A-MoD Eq. 3-5, no parameters) or standard (Eq. 1-2, a linear router)")
     mod.add_argument("--capacity", type=float, default=None, help="C in (0, 1]: fraction of tokens an MoD block processes")
 
-    evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run")
-    evaluate.add_argument("--workdir", required=True)
+    evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run, or a released checkpoint "
+                                               "of vmoe / big_vision")
+    source = evaluate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", help="a run of `moe-course train`")
+    source.add_argument("--checkpoint", metavar="PATH",
+                        help="a reference checkpoint: a vmoe prefix (PATH.index + PATH.data-*) or a big_vision .npz")
+    reference = evaluate.add_argument_group("reference checkpoints (--checkpoint; README, 'The reference models' "
+                                            "checkpoints'); images are scaled to [-1, 1] as those models expect")
+    reference.add_argument("--format", default=None, choices=REFERENCE_FORMATS, help="the checkpoint's format")
+    reference.add_argument("--model-config", default=None, metavar="JSON",
+                           help="vmoe: the experiment's config.model as JSON (routing settings)")
+    reference.add_argument("--image-size", type=int, default=None,
+                           help="evaluate at this size (position embeddings resized); default the checkpoint's")
+    reference.add_argument("--group-size", type=int, default=None, help="vmoe: images per routing group")
+    reference.add_argument("--batch-size", type=int, default=64, help="images per evaluation batch")
     _add_data_args(evaluate, DATASETS)
     evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
     evaluate.add_argument("--framework", default="jax", choices=FRAMEWORKS,
@@ -257,11 +271,46 @@ def _final_split(dataset) -> str | None:
     return split
 
 
+def _evaluate_reference(args) -> dict:
+    """``evaluate --checkpoint``: a vmoe / big_vision checkpoint on --dataset (pixels scaled to [-1, 1])."""
+    from moe_course.data import load_dataset
+    from moe_course.models import with_routing
+    from moe_course.reference.evaluate import SignedPixels, load_reference
+
+    if args.format is None:
+        raise ValueError(f"--checkpoint needs --format ({' or '.join(REFERENCE_FORMATS)})")
+    if args.framework != "jax":
+        raise ValueError("--checkpoint evaluates in JAX only; convert the model with moe_course.torch.convert.to_torch "
+                         "for PyTorch")
+    if args.dataset is None:
+        raise ValueError("--checkpoint needs --dataset (e.g. imagefolder with --data-dir, an ImageNet-style "
+                         "validation folder)")
+    model = load_reference(args.checkpoint, args.format, model_config=args.model_config,
+                           image_size=args.image_size, group_size=args.group_size)
+    routing = _routing_overrides(args, _model_kind(model.config))
+    if routing:
+        with_routing(model, **routing)
+    dataset = load_dataset(args.dataset, args.data_dir, image_size=model.config.image_size)
+    if dataset.num_classes != model.config.num_classes:
+        raise ValueError(f"--dataset {args.dataset} has {dataset.num_classes} classes, the checkpoint's head "
+                         f"{model.config.num_classes}")
+    summary = {"checkpoint": args.checkpoint, "format": args.format, "split": args.split,
+               "image_size": model.config.image_size, **routing}
+    return summary | _test_metrics(model, SignedPixels(dataset), args.split, args.batch_size)
+
+
 def _evaluate(args) -> dict:
     from moe_course.data import load_dataset
     from moe_course.models import LIMoE, with_routing
     from moe_course.train.restore import load_run
 
+    if args.checkpoint is not None:
+        return _evaluate_reference(args)
+    given = [flag for flag, value in (("--format", args.format), ("--model-config", args.model_config),
+                                      ("--image-size", args.image_size), ("--group-size", args.group_size))
+             if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply with --checkpoint")
     run = load_run(args.workdir)
     routing = _routing_overrides(args, _model_kind(run.model_config))
     if routing:

@@ -107,3 +107,15 @@ def test_glyphs_sweep_trains_and_reports_one_json_line(kind, tmp_path):
     row = json.loads(out.splitlines()[-1])
     assert row["kind"] == kind and row["steps"] == 3 and row["flops"] > 0 and 0 <= row["test_accuracy"] <= 1
     assert json.loads((tmp_path / "rows.jsonl").read_text()) == row
+
+
+def test_peers_benchmark():
+    pytest.importorskip("torch", reason="the PyTorch twins need torch (pip install 'moe-course[torch]')")
+    assert "usage:" in _run_help("peers.py")
+    out = _run("peers.py", "--quick", timeout=300)
+    assert "skipped vmoe: no --vmoe PATH given" in out  # the peers that are absent are named, not silently left out
+    rows = {line[:24].strip(): line[24:].split() for line in out.splitlines()
+            if line.startswith(("ours (PyTorch)", "ours (JAX)", "ours, Tokens Choice", "ours, Experts Choice"))}
+    assert len(rows) == 4, out
+    for name, fields in rows.items():  # median, min-max, then one ours/peer ratio per peer that imported
+        assert _is_number(fields[0]) and all(_is_number(f) for f in fields[1].split("-") + fields[2:]), name

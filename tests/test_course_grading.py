@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from course_submissions import answer_cells, answered, collected_ids, lms_export  # noqa: E402
 from moe_course.cli import main  # noqa: E402

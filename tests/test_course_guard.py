@@ -65,3 +65,17 @@ def test_limits_reject_bad_values(value):
 
     with pytest.raises(ValueError, match="cell_timeout"):
         Limits(cell_timeout=value)
+
+
+def test_a_kernel_may_interrupt_itself_and_signal_nothing_else():
+    import signal
+
+    from moe_course.course.guard import GradingViolation, audit_hook
+
+    hook = audit_hook(FilePolicy(os.getcwd(), []))
+    hook("os.kill", (os.getpid(), signal.SIGINT))  # ipykernel's interrupt_request: allowed
+    hook("os.killpg", (os.getpgid(0), signal.SIGINT))
+    for event, args in (("os.kill", (os.getpid(), signal.SIGKILL)), ("os.kill", (os.getppid(), signal.SIGINT)),
+                        ("os.killpg", (0, signal.SIGINT))):
+        with pytest.raises(GradingViolation):
+            hook(event, args)

@@ -4,12 +4,13 @@ assignment is a small one written here (two answers, 3 points). Needs nbgrader (
 
 import csv
 import json
+import re
 import time
 
 
 import pytest
 
-pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from course_submissions import answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
@@ -108,6 +109,20 @@ def graded(tmp_path_factory):
     victim = course / "submitted" / "good" / NAME / f"{NAME}.ipynb"
     writers = "\n".join(f"try:\n    open({str(p)!r}, 'w').write('pwned')\nexcept Exception as error:\n"
                         f"    print(type(error).__name__)" for p in (outside, victim, course / "grades.csv"))
+    record = course / "gradebooks" / NAME / "spawns.json"
+    # Past the in-kernel guard (no audit event for these), so only the sandbox stands in the way.
+    dir_fd = "\n".join(f"try:\n    print(open(os.open({str(p.relative_to('/'))!r}, os.O_RDONLY, dir_fd=root), 'rb')"
+                       f".read()[:4000])\nexcept Exception as error:\n    print(type(error).__name__)" for p in secrets)
+    dir_fd_write = (f"try:\n    os.write(os.open({str(victim.relative_to('/'))!r}, os.O_WRONLY | os.O_TRUNC, "
+                    f"dir_fd=root), b'pwned')\nexcept Exception as error:\n    print(type(error).__name__)")
+    spawner = ("import _posixsubprocess\ndef spawn(script):\n    _posixsubprocess.fork_exec([b'/bin/sh', b'-c', "
+               "script.encode()], [b'/bin/sh'], True, (), None, None, -1, -1, -1, -1, -1, -1, *os.pipe(), False, "
+               "True, -1, None, None, None, -1, None, False)\n")
+    spawn = (spawner + f"spawn('sleep 4; echo pwned > {record}; echo pwned > {victim}')\n"
+             "print('processes', sorted({open(f'/proc/{p}/comm').read().strip() for p in os.listdir('/proc') "
+             "if p.isdigit()} - {'sh', 'sleep'}))\n"
+             "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 80), timeout=2)\n    print('NETWORK')\n"
+             "except OSError as error:\n    print(type(error).__name__)")
     duplicated = _with(full)
     duplicated["cells"].append({**_cell(full, "double_tests"), "id": "copy-of-double-tests"})  # as Jupyter copies
     retyped = _with(full, probs_answer=wrong_probs, probs_tests="# nothing to test")
@@ -144,6 +159,16 @@ def graded(tmp_path_factory):
                          "numpy.array_equal = lambda *a, **k: True\ndef double(x):\n    return x"),
         "reads_secrets": _with(full, probs_answer=correct["probs_answer"] + "\n" + readers),
         "writes_outside": _with(full, probs_answer=correct["probs_answer"] + "\n" + writers),
+        "dir_fd": _with(full, probs_answer=correct["probs_answer"] + "\nimport os\nroot = os.open('/', os.O_RDONLY)\n"
+                        + dir_fd + "\n" + dir_fd_write),
+        "spawns": _with(full, probs_answer=correct["probs_answer"] + "\nimport os\n" + spawn),
+        "kills_all": _with(full, probs_answer=correct["probs_answer"] + "\nimport os\n" + spawner
+                           + "spawn('kill -9 -1')\nimport time\ntime.sleep(2)"),
+        "fifo": _with(full, probs_answer=correct["probs_answer"] + f"\nimport os\nos.mkfifo('{NAME}.ipynb.x')"),
+        "floods": _with(full, double_answer=correct["double_answer"] + "\nfor _ in range(40):\n"
+                        "    print('x' * 2**20)"),
+        "warns": _with(full, double_answer="import sys, warnings\ndef double(x):\n    warnings.warn('slow')\n"
+                       "    print('doubling', file=sys.stderr)\n    return 2 * x"),
         "empty": "",
         "malformed": '{"cells": [ this is not json',
     }
@@ -239,3 +264,37 @@ def test_empty_and_malformed_notebooks_fail_alone(graded):
         row = graded["grades"][student]
         assert row["status"] == "failed" and _score(graded, student) == 0.0 and row["error"], row
         assert row["flags"] == "unreadable notebook"
+
+
+def test_the_sandbox_holds_where_the_guard_does_not_look(graded):
+    """Opening relative to a directory fd and starting processes raise no audit event: the sandbox alone keeps
+    the hidden tests, the gradebook and other students out of reach, and the processes die with the kernel."""
+    assert _score(graded, "dir_fd") == 3.0
+    printed = _outputs(graded, "dir_fd", "probs_answer")
+    assert "SECRET-HIDDEN-TEST-TEXT" not in printed and printed.count("FileNotFoundError") == 5, printed
+    victim = graded["course"] / "submitted" / "good" / NAME / f"{NAME}.ipynb"
+    time.sleep(5)  # longer than the spawned writer waits
+    assert "pwned" not in victim.read_text()
+    record = graded["course"] / "gradebooks" / NAME / "spawns.json"
+    assert "pwned" not in record.read_text() and _score(graded, "spawns") == 3.0
+    printed = _outputs(graded, "spawns", "probs_answer")
+    assert "NETWORK" not in printed and "OSError" in printed
+    # Besides the shell it started: its own init (bwrap) and its kernel, no other process on the machine.
+    assert re.search(r"processes \['bwrap', 'python[\d.]*'\]", printed), printed
+
+
+def test_a_fifo_an_output_flood_and_killing_everything_end_only_that_submission(graded):
+    killed = graded["grades"]["kills_all"]
+    assert killed["status"] == "failed" and _score(graded, "kills_all") == 0.0 and killed["error"]
+    assert _score(graded, "fifo") == 3.0 and graded["grades"]["fifo"]["status"] == "graded"
+    flood = graded["grades"]["floods"]
+    assert flood["status"] == "failed" and "OutputLimitError" in flood["error"] and _score(graded, "floods") == 0.0
+
+
+def test_a_correct_answer_that_warns_on_stderr_keeps_its_marks(graded):
+    assert _score(graded, "warns") == 3.0
+    assert "doubling" in _outputs(graded, "warns", "double_tests")  # still shown in the feedback
+
+
+def test_every_row_says_it_was_graded_in_the_sandbox(graded):
+    assert {row["sandbox"] for row in graded["grades"].values()} == {"bwrap"}

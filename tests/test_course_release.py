@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]' (or '.[instructor]')")
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from moe_course.cli import main  # noqa: E402
 from moe_course.course.build import SECRET_MARKERS, assignment_names  # noqa: E402
@@ -61,3 +61,23 @@ def test_exercise_holds_no_answer_or_hidden_test(name):
 def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
     assert main(["course", *argv, "--course-dir", str(tmp_path / "course")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tmp_path, capsys, monkeypatch):
+    from moe_course.course import grade, sandbox
+
+    course = tmp_path / "course"
+    (course / "release" / "01_vit").mkdir(parents=True)
+    (course / "submitted" / "ann" / "01_vit").mkdir(parents=True)
+    (course / "gradebooks" / "01_vit").mkdir(parents=True)
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    assert main(["course", "autograde", "01_vit", "--course-dir", str(course)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "apt-get install bubblewrap" in err[0] and "--no-sandbox" in err[0], err
+    monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits: {
+        "student": student, "assignment": assignment, "status": "graded", "error": "", "score": 1.0, "max_score": 1.0})
+    monkeypatch.setattr(grade, "scan_notebook", lambda notebook: [])
+    assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox"]) == 0
+    assert "moe_course.course.kernel" in (course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
+    record = (course / "gradebooks" / "01_vit" / "ann.json").read_text()
+    assert '"sandbox": "none (--no-sandbox)"' in record

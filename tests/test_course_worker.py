@@ -78,7 +78,58 @@ def test_other_failures_are_not_retried(course, monkeypatch):
 
 
 def test_grading_kernels_use_unix_sockets_in_the_given_folder(tmp_path):
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
     config = nbgrader_config(tmp_path, sockets=tmp_path / "s")
     assert config.KernelManager.transport == "ipc"
     assert config.KernelManager.ip == str((tmp_path / "s").resolve() / "kernel")
     assert "transport" not in nbgrader_config(tmp_path).KernelManager
+
+
+def test_stderr_in_a_test_cell_is_held_from_the_grade_and_put_back():
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]'")
+    import nbformat
+    from nbgrader.utils import determine_grade
+
+    from moe_course.course.config import hold_stderr, restore_stderr
+
+    cell = nbformat.v4.new_code_cell("assert double(1) == 2", metadata={"nbgrader": {
+        "grade": True, "solution": False, "grade_id": "t", "points": 2, "locked": True, "schema_version": 3}})
+    warning = nbformat.v4.new_output("stream", name="stderr", text="UserWarning: slow\n")
+    printed = nbformat.v4.new_output("stream", name="stdout", text="2\n")
+    cell.outputs = [warning, printed]
+    notebook = nbformat.v4.new_notebook(cells=[cell])
+    assert determine_grade(cell) == (0, 2.0)  # nbgrader's own rule: stderr fails the test
+    notebook, resources = hold_stderr(notebook, {})
+    assert determine_grade(notebook.cells[0]) == (2.0, 2.0)
+    notebook, resources = restore_stderr(notebook, resources)
+    assert notebook.cells[0].outputs == [warning, printed]
+    failed = nbformat.v4.new_output("error", ename="AssertionError", evalue="", traceback=[])
+    notebook.cells[0].outputs = [warning, failed]
+    notebook, resources = hold_stderr(notebook, {})
+    assert determine_grade(notebook.cells[0]) == (0, 2.0)  # a failing test still scores 0
+
+
+def test_export_lists_every_collected_submission_graded_or_not(tmp_path):
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]'")
+    import csv
+
+    from nbgrader.api import Gradebook
+
+    from moe_course.course.grade import export
+
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "moe-course") as gradebook:
+        gradebook.add_assignment("03_vmoe_bpr")
+    for student in ("ann", "bob", "cy"):
+        (tmp_path / "submitted" / student / "03_vmoe_bpr").mkdir(parents=True)
+    _, result = worker.record_paths(tmp_path, "03_vmoe_bpr", "ann")
+    result.parent.mkdir(parents=True)
+    result.write_text(json.dumps({"student": "ann", "assignment": "03_vmoe_bpr", "status": "graded", "error": "",
+                                  "score": 1.0, "max_score": 1.0, "seconds": 9.0, "flags": [], "sandbox": "bwrap"}))
+    _, failed = worker.record_paths(tmp_path, "03_vmoe_bpr", "bob")
+    failed.write_text(json.dumps({"student": "bob", "assignment": "03_vmoe_bpr", "status": "failed",
+                                  "error": "Kernel died", "score": 0.0, "max_score": None, "seconds": 3.0}))
+    with open(export(tmp_path)) as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    assert [(s, rows[s]["status"], rows[s]["score"]) for s in sorted(rows)] == [
+        ("ann", "graded", "1.0"), ("bob", "failed", "0.0"), ("cy", "not graded", "0.0")]
+    assert rows["ann"]["sandbox"] == "bwrap" and rows["cy"]["error"] == "collected, never autograded"

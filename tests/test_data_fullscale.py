@@ -433,3 +433,27 @@ def test_registry_errors(tmp_path):
         load_dataset("digits", str(tmp_path))
     with _raises_naming(tmp_path / "missing", "does not exist"):
         load_dataset("cifar100", tmp_path / "missing")
+
+
+# ------------------------------------------------------------------------------- data of the wrong kind
+
+
+def test_data_of_another_kind_fails_with_one_line_naming_both_kinds(tmp_path):
+    """A full-scale chapter cell given the wrong MOE_COURSE_DATA (README's table: chapters 1, 3, 5 read CIFAR,
+    4 image-caption data, 6 and 7 an image folder) stops with one line naming what it needs."""
+    folder = fake_tree(tmp_path / "folder")
+    cifar, _ = fake_cifar(tmp_path, "cifar10", form="archive")
+    captions = tmp_path / "captions"
+    captions.mkdir()
+    (captions / "train.tsv").write_text("a.png\ta red square\n")
+    cases = [("cifar10", folder, "an image folder", "CIFAR-10 python data"),
+             ("captions", folder, "an image folder", "image-caption data"),
+             ("imagefolder", cifar, "CIFAR python data", "an image folder"),
+             ("captions", cifar, "CIFAR python data", "image-caption data"),
+             ("cifar100", captions, "image-caption data", "CIFAR-100 python data"),
+             ("imagefolder", captions, "image-caption data", "an image folder")]
+    for name, path, found, needed in cases:
+        with pytest.raises(DataError) as error:
+            load_dataset(name, path)
+        message = str(error.value)
+        assert "\n" not in message and f"looks like {found}, but dataset {name!r} reads {needed}" in message, message

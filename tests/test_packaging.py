@@ -1,6 +1,7 @@
 """The install story stays consistent: environment.yml mirrors pyproject, CI runs README's two commands, the
 accelerator extras name real JAX extras."""
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -74,3 +75,58 @@ def test_accelerator_extras_name_real_jax_extras():
 def test_console_script_is_declared():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["moe-course"] == "moe_course.launch:main"
+
+
+def test_readme_command_1_installs_no_torch_and_ci_adds_it():
+    """A CPU machine following command 1 downloads no CUDA build of PyTorch; CI adds the CPU build so that the
+    PyTorch twins' tests still run there."""
+    readme = (ROOT / "README.md").read_text()
+    command_1 = re.search(r"```bash\n(python3 -m venv .+?)\n```", readme).group(1)
+    assert "torch" not in command_1, command_1
+    torch_lines = [line for line in _ci_lines() if line.startswith("pip install") and "torch" in line]
+    assert torch_lines == ['pip install torch==2.13.0 -e ".[torch,instructor]"'], torch_lines
+
+
+def test_nbgrader_is_instructor_only_and_ci_installs_it():
+    """nbgrader's Lab extension adds instructor menus to every JupyterLab of its environment: a learner's
+    install (README command 1: lab and test) has none; CI installs the instructor extra for the grading tests."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for extra in ("lab", "test"):
+        assert not [r for r in _extra(project, extra) if r.startswith("nbgrader")], extra
+    assert any(r.startswith("nbgrader") for r in _extra(project, "instructor"))
+    assert any(line.startswith("pip install") and "instructor" in line for line in _ci_lines())
+
+
+def _imports_torch(node) -> bool:
+    names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+             else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+    return any(name == "torch" or name.startswith(("torch.", "moe_course.torch")) for name in names)
+
+
+def _skips_without_torch(node) -> bool:
+    return any(isinstance(call, ast.Call) and getattr(call.func, "attr", "") == "importorskip" and call.args
+               and getattr(call.args[0], "value", None) == "torch" for call in ast.walk(node))
+
+
+def _unguarded_torch_imports(body, guarded: bool) -> list[int]:
+    """Line numbers of imports of torch or moe_course.torch in ``body`` (and the functions in it) that no
+    earlier ``pytest.importorskip("torch")`` of the same or an enclosing scope guards."""
+    found = []
+    for statement in body:
+        if _imports_torch(statement) and not guarded:
+            found.append(statement.lineno)
+        if isinstance(statement, (ast.FunctionDef, ast.ClassDef)):
+            found += _unguarded_torch_imports(statement.body, guarded)
+        elif _skips_without_torch(statement):
+            guarded = True
+    return found
+
+
+def test_every_test_that_imports_torch_skips_by_name_without_it():
+    """Without PyTorch (README command 1) the twins' tests skip with a reason instead of failing to import."""
+    offenders = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        lines = _unguarded_torch_imports(ast.parse(path.read_text()).body, guarded=False)
+        if lines:
+            offenders[path.name] = lines
+    assert not offenders, f"imports of torch before pytest.importorskip('torch'): {offenders}"

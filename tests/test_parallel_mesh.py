@@ -74,3 +74,27 @@ def test_cli_refuses_a_mesh_that_does_not_fit_in_one_line(capsys, tmp_path):
     assert code == 2 and "\n" not in err
     assert err.startswith("moe-course train: error: mesh='data=2,expert=2' has 4 devices, but 1 are visible")
     assert not (tmp_path / "run").exists()  # refused before anything was written or compiled
+
+
+def test_shard_model_names_num_experts_when_the_experts_do_not_split(tiny_vit_config):
+    """Before anything is placed: a model with 6 experts on an expert axis of 4 (fake devices, never touched)."""
+    import numpy as np
+    from flax import nnx
+    from jax.sharding import Mesh
+
+    from moe_course.configs import SoftMoEConfig, VMoEConfig
+    from moe_course.models import build_model
+
+    model = build_model(VMoEConfig(**{**tiny_vit_config.__dict__, "num_experts": 6, "group_size": 1,
+                                    "moe_last_n": 1}),
+                        rngs=nnx.Rngs(0))
+    mesh = Mesh(np.asarray(FAKE[:4], dtype=object), ("expert",))
+    for place in (parallel.shard_model, parallel.use_mesh):
+        with pytest.raises(ValueError, match=r"^num_experts=6 is not divisible by the mesh's expert axis "
+                                             r"\(4 devices\); use an expert axis that divides 6$"):
+            place(model, mesh)
+    assert all(layer.mesh is None and layer.expert_apply is None for layer in model.moe_layers())
+    soft = build_model(SoftMoEConfig(**{**tiny_vit_config.__dict__, "num_experts": 6, "group_size": 1}),
+                       rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"^num_experts=6 is not divisible by the mesh's expert axis"):
+        parallel.shard_model(soft, mesh)

@@ -23,6 +23,7 @@ import jupytext
 import pytest
 
 pytest.importorskip("myst_nb", reason="the website needs the docs extra: pip install -e '.[docs]'")
+pytest.importorskip("torch", reason="the website documents the PyTorch twins (moe_course.torch): it needs torch")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
@@ -86,7 +87,7 @@ def test_api_pages_hold_docstrings_with_shapes(site):
 def test_chapter_pages_say_how_to_open_them_and_link_the_api_they_use(site):
     for chapter in CHAPTERS:
         page, text = _html(site, f"chapters/{chapter.stem}.html"), _text(site, f"chapters/{chapter.stem}.html")
-        assert "Run this chapter yourself in JupyterLab" in text, chapter.stem
+        assert "Run this chapter yourself" in text, chapter.stem
         assert "jupyter lab chapters/" in text and f"jupytext --to ipynb chapters/{chapter.stem}.py" in text
         uses = course_site.library_uses(jupytext.read(chapter))
         assert uses, f"{chapter.stem} imports nothing from moe_course?"
@@ -126,22 +127,25 @@ def test_a_widget_output_becomes_a_note():
     document += bundle(**{"text/plain": "<Figure size 640x480 with 2 Axes>", "image/png": "..."})
     course_site.WidgetNote.run(SimpleNamespace(document=document))
     notes = list(document.findall(nodes.note))
-    assert len(notes) == 1 and slider in notes[0].astext() and course_site.WIDGET_NOTE in notes[0].astext()
+    assert len(notes) == 1 and notes[0].astext() == course_site.WIDGET_NOTE  # no "FloatSlider(value=..." repr
+    assert "FloatSlider" not in course_site.WIDGET_NOTE
     assert [c["mime_type"] for c in document.children[1].children] == ["text/plain", "image/png"]
 
 
 def test_docstring_lines_keep_their_layout_but_sentences_flow():
     """A sentence broken over source lines becomes one line of the line block (the browser wraps it at the
-    page's width); a shape per line, list items, lines after a colon and indented lines keep their own line."""
+    page's width); a shape per line, lines after a colon and indented lines keep their own line; "- " lines
+    become a bullet list, an item's hanging indent joining it."""
     lines = ["Routing as pure functions, built step by", "step, with the papers' literal loops.",
              "x: (groups, tokens, dim) float32", "gates: (groups, tokens, k), summing", "  to 1 over the k choices",
              "Two ways:", "- vanilla (Algorithm 1): tokens in order;", "- BPR: by priority, highest",
-             "first.", "", "Raises ValueError for an unknown name."]
+             "first.", "", "Raises ValueError for an unknown name.", "Modes:", "- one that goes", "  on", "Done."]
     course_site.plain_text_docstring(None, "function", "f", None, {}, lines)
     assert lines == ["| Routing as pure functions, built step by step, with the papers' literal loops.",
                      "| x: (groups, tokens, dim) float32", "| gates: (groups, tokens, k), summing",
-                     "|   to 1 over the k choices", "| Two ways:", "| - vanilla (Algorithm 1): tokens in order;",
-                     "| - BPR: by priority, highest first.", "", "| Raises ValueError for an unknown name."]
+                     "|   to 1 over the k choices", "| Two ways:", "", "- vanilla (Algorithm 1): tokens in order;",
+                     "- BPR: by priority, highest first.", "", "| Raises ValueError for an unknown name.",
+                     "| Modes:", "", "- one that goes on", "", "| Done."]
 
 
 def test_a_chapter_that_fails_names_itself_and_its_cell(tmp_path):
@@ -220,3 +224,138 @@ def test_browser_search_finds_the_chapter(server, browser):
     hit.wait_for(timeout=30_000)
     assert "Chapter 3" in hit.inner_text()
     page.close()
+
+
+def test_every_output_figure_links_to_its_full_size_image(site):
+    """The article column is narrower than many figures: each figure of a cell's output is a link to its image."""
+    page = _html(site, f"chapters/{EXECUTED}.html")
+    figures = re.findall(r'<a class="full-size-figure[^"]*" href="([^"]+)"[^>]*>\s*<img[^>]+src="([^"]+)"', page)
+    outputs = re.findall(r'<img[^>]+src="\.\./_images/', page)
+    assert len(figures) == len(outputs) >= FIGURES[EXECUTED], (figures, len(outputs))
+    assert all(href == src for href, src in figures), figures
+
+
+def test_chapter_pages_offer_notebook_downloads(site):
+    """Each chapter page links its notebook and its exercise's; the files are in the site, and a chapter's first
+    cell is the install cell."""
+    import nbformat
+
+    for chapter in CHAPTERS:
+        page = _html(site, f"chapters/{chapter.stem}.html")
+        links = [f"../_sources/chapters/{chapter.stem}.ipynb"]
+        if (ROOT / "exercises" / f"{chapter.stem}.ipynb").is_file():
+            links.append(f"../_sources/exercises/{chapter.stem}.ipynb")
+        for link in links:
+            assert f'href="{link}"' in page, f"{chapter.stem}: no link to {link}"
+            notebook = nbformat.read(site / "chapters" / link, as_version=4)
+            assert "install" in notebook.cells[0].metadata["tags"], link
+            nbformat.validate(notebook)
+        assert sum(cell.cell_type == "code" for cell in notebook.cells) > 1
+
+
+def test_pages_say_which_chapters_this_build_executed(site):
+    for chapter in CHAPTERS:
+        text = _text(site, f"chapters/{chapter.stem}.html")
+        executed = "executed when this site was built" in text
+        without = "without outputs: this build of the site did not execute it" in text
+        assert (executed, without) == ((True, False) if chapter.stem == EXECUTED else (False, True)), chapter.stem
+    index = _text(site, "index.html")
+    assert f"This build of the site executed {EXECUTED} only" in index
+    assert "Every chapter below is shown executed" not in index
+
+
+def _code_boxes(page) -> list[dict]:
+    """Every code or output box of the page: its CSS wrapping, its lines and how many lines it renders."""
+    return page.evaluate("""() => [...document.querySelectorAll('article pre')].map(pre => {
+        const style = getComputedStyle(pre);
+        const probe = document.createElement('span');  // one line box of the box's font and line height
+        probe.style.display = 'block';
+        probe.textContent = 'x';
+        pre.appendChild(probe);
+        const lineHeight = probe.getBoundingClientRect().height;
+        probe.remove();
+        const height = pre.scrollHeight - parseFloat(style.paddingTop) - parseFloat(style.paddingBottom);
+        return {whiteSpace: style.whiteSpace, overflowX: style.overflowX,
+                lines: pre.textContent.replace(/\\n$/, '').split('\\n').length,
+                rendered: height / lineHeight, wide: pre.scrollWidth > pre.clientWidth,
+                start: pre.textContent.slice(0, 60)};
+    })""")
+
+
+def test_browser_code_and_outputs_keep_their_lines(server, browser):
+    """At 1280 px no line of code or printed output wraps (a table row stays one row): a box wider than the
+    column scrolls sideways instead."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    for name in (f"chapters/{EXECUTED}.html", "install.html"):
+        page.goto(f"{server}/{name}")
+        page.wait_for_load_state("load")
+        boxes = _code_boxes(page)
+        assert boxes, name
+        wrapped = [b for b in boxes if b["rendered"] > b["lines"] + 0.5 or b["whiteSpace"] not in ("pre", "nowrap")]
+        assert not wrapped, f"{name}: wrapped lines in {wrapped[:3]}"
+        hidden = [b for b in boxes if b["wide"] and b["overflowX"] not in ("auto", "scroll")]
+        assert not hidden, f"{name}: a wide box cuts its lines off: {hidden[:3]}"
+        if name.startswith("chapters/"):
+            assert any(b["wide"] for b in boxes), "no code line wider than the column: the check would not bite"
+    page.close()
+
+
+def test_browser_figures_are_full_size_or_link_to_full_size(server, browser):
+    """At 1280 px a figure shrunk by more than a third of its natural width is a link to its full-size image."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/chapters/{EXECUTED}.html")
+    _loaded_images(page)
+    figures = page.evaluate("""() => [...document.querySelectorAll('article img')].map(img => ({
+        src: img.src, natural: img.naturalWidth, shown: img.clientWidth,
+        link: img.closest('a') ? img.closest('a').href : null}))""")
+    assert len(figures) >= FIGURES[EXECUTED]
+    shrunk = [f for f in figures if f["shown"] < f["natural"] * 2 / 3 and f["link"] != f["src"]]
+    assert not shrunk, shrunk
+    page.close()
+
+
+def test_browser_page_contents_do_not_clip_long_names(server, browser):
+    """The right-hand contents of an API page (long module and function names) wraps them inside its column."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{server}/api/routing.html")
+    page.wait_for_load_state("load")
+    clipped = page.evaluate("""() => {
+        const bar = document.querySelector('.bd-sidebar-secondary').getBoundingClientRect();
+        const links = [...document.querySelectorAll('.bd-sidebar-secondary .nav-link')];
+        return [links.length, links.filter(a => a.getBoundingClientRect().right > bar.right + 1
+                                            || a.scrollWidth > a.clientWidth + 1).map(a => a.textContent.trim())];
+    }""")
+    assert clipped[0] > 10 and not clipped[1], clipped
+    page.close()
+
+
+def test_the_site_has_a_favicon(site):
+    assert (site / "_static" / "favicon.svg").is_file()
+    assert 'rel="icon" href="_static/favicon.svg"' in _html(site, "index.html")
+
+
+def test_the_repository_setting_adds_clone_binder_and_the_header_link():
+    """conf.py ``course_repository`` (MOE_COURSE_REPOSITORY): unset, no repository links; set, ``git clone`` and
+    a Binder link to the chapter's notebook (postBuild pairs the chapters there), and the theme's repository
+    button."""
+    from types import SimpleNamespace
+
+    assert course_site.launch_links("", EXECUTED) == []
+    text = "\n".join(course_site.launch_links("https://github.com/owner/moe-course", EXECUTED))
+    assert "git clone https://github.com/owner/moe-course" in text
+    assert (f"https://mybinder.org/v2/gh/owner/moe-course/HEAD?urlpath=lab/tree/chapters/{EXECUTED}.ipynb"
+            in text)
+    assert "jupytext --to ipynb chapters/" in (ROOT / "postBuild").read_text()
+    config = SimpleNamespace(course_repository="https://github.com/owner/moe-course",
+                             html_theme_options={"show_toc_level": 2})
+    course_site.use_repository(None, config)
+    assert config.html_theme_options == {"show_toc_level": 2, "repository_url": "https://github.com/owner/moe-course",
+                                         "use_repository_button": True}
+    unset = SimpleNamespace(course_repository="", html_theme_options={"show_toc_level": 2})
+    course_site.use_repository(None, unset)
+    assert unset.html_theme_options == {"show_toc_level": 2}
+    with pytest.raises(ValueError, match="MOE_COURSE_REPOSITORY='github.com/owner'"):
+        course_site.use_repository(None, SimpleNamespace(course_repository="github.com/owner", html_theme_options={}))

@@ -44,6 +44,8 @@ CONFIGS = {
                                          num_experts=4, group_size=1, placement="second-half", **SHAPE),
     "mod-attention": MoDConfig(name="t-mod", capacity=0.5, router="attention", pool="cls", **SHAPE),
     "mod-standard": MoDConfig(name="t-mod2", capacity=0.25, router="standard", **SHAPE),
+    # the tanh GELU of the released big_vision / vmoe checkpoints, in the dense MLPs and the experts
+    "vmoe-tanh-gelu": VMoEConfig(name="t-vmoe3", k=1, capacity_ratio=1.0, gelu="tanh", **MOE, **SHAPE),
 }
 
 
@@ -88,6 +90,17 @@ def test_forward_equal(name):
     for a, b in zip(ours.attention, got.attention):
         assert_same(a, b, name="attention")
     assert_records_equal(ours.routing, got.routing)
+
+
+def test_tanh_gelu_changes_the_function():
+    """gelu="tanh" is not a no-op: the same weights under the exact GELU give other logits (the twins agree
+    with each other under either, test_forward_equal)."""
+    model, _ = pair("vmoe-tanh-gelu")
+    exact = nnx.merge(*nnx.split(build_model(CONFIGS["vmoe-tanh-gelu"].replace(gelu="exact"), rngs=nnx.Rngs(0))))
+    nnx.update(exact, nnx.state(model))
+    x = jnp.asarray(images())
+    difference = float(jnp.max(jnp.abs(model(x).logits - exact(x).logits)))
+    assert 1e-5 < difference < 0.5, difference
 
 
 @pytest.mark.parametrize("name", ["vmoe-bpr", "soft", "mod-standard", "vit-cls"])

@@ -15,6 +15,7 @@ import importlib
 import inspect
 import os
 import pkgutil
+import posixpath
 import re
 from pathlib import Path
 
@@ -22,14 +23,16 @@ import jupytext
 import nbformat
 from docutils import nodes
 from sphinx.transforms.post_transforms import SphinxPostTransform
+from sphinx.util.osutil import relative_uri
 from sphinx.util.inspect import signature as sphinx_signature, stringify_signature
 
 REPO = Path(__file__).resolve().parents[2]
 CHAPTER_GLOB = "[0-9][0-9]_*.py"
 # API pages in the order data flows through the library (DESIGN.md); packages not named here follow,
 # alphabetically, so a new subpackage needs no edit.
-API_ORDER = ["data", "configs", "routing", "layers", "models", "train", "parallel", "analysis", "viz", "torch"]
-WIDGET_NOTE = ("This control moves only with a running Jupyter kernel (open the chapter in JupyterLab, see the "
+API_ORDER = ["data", "configs", "routing", "layers", "models", "train", "parallel", "analysis", "viz", "torch",
+             "reference"]
+WIDGET_NOTE = ("An interactive control (a slider) stands here in the notebook. It moves only with a running Jupyter kernel (open the chapter in JupyterLab, see the "
                "top of this page); on this page the figure below is drawn at its starting value.")
 
 
@@ -38,23 +41,31 @@ def chapter_files(repo: Path = REPO) -> list[Path]:
     return sorted((repo / "chapters").glob(CHAPTER_GLOB))
 
 
-def execution_excludes(setting: str) -> list[str]:
-    """myst-nb ``nb_execution_excludepatterns`` for ``MOE_COURSE_SITE_EXECUTE``: ``all`` runs every chapter,
-    ``none`` none, a comma-separated list of chapter stems (``02_moe_layer,05_soft_moe``) only those.
+def executed_chapters(setting: str) -> list[str]:
+    """The chapter stems a build executes for ``MOE_COURSE_SITE_EXECUTE``: ``all`` every chapter, ``none`` none,
+    a comma-separated list of chapter stems (``02_moe_layer,05_soft_moe``) only those.
 
     Raises ValueError naming the setting for a stem that is not a chapter."""
     setting = setting.strip()
     stems = [path.stem for path in chapter_files()]
     if setting == "all":
-        return []
+        return stems
     if setting == "none":
-        return ["*"]
+        return []
     wanted = [s.strip() for s in setting.split(",") if s.strip()]
     unknown = [s for s in wanted if s not in stems]
     if unknown or not wanted:
         raise ValueError(f"MOE_COURSE_SITE_EXECUTE={setting!r} is not allowed; use 'all', 'none' or chapter stems "
                          f"separated by commas, from: {', '.join(stems)}")
-    return [f"*/chapters/{stem}.py" for stem in stems if stem not in wanted]
+    return [stem for stem in stems if stem in wanted]
+
+
+def execution_excludes(executed: list[str]) -> list[str]:
+    """myst-nb ``nb_execution_excludepatterns`` that leave only the ``executed`` chapters to run."""
+    stems = [path.stem for path in chapter_files()]
+    if not executed:
+        return ["*"]
+    return [f"*/chapters/{stem}.py" for stem in stems if stem not in executed]
 
 
 def api_packages() -> list[str]:
@@ -177,15 +188,52 @@ def _markdown_cell(lines: list[str]):
     return nbformat.v4.new_markdown_cell("\n".join(lines))
 
 
-def chapter_cells(stem: str, notebook) -> tuple[object, object]:
-    """The two cells added to a chapter's page: how to open it in JupyterLab (after the title cell) and
-    links to the API of everything it imports from the library (at the end)."""
+def launch_links(repository: str, stem: str) -> list[str]:
+    """Markdown lines with the repository's links for chapter ``stem``: ``git clone``, for a GitHub repository
+    Binder (JupyterLab on the chapter, built from environment.yml and postBuild), and how to open the downloaded
+    chapter in Colab (Colab opens only notebooks tracked on GitHub; the chapters' notebooks are not). Empty
+    without a repository address (conf.py ``course_repository``)."""
+    if not repository:
+        return []
+    lines = ["", "Get the whole course with", "", "```bash", f"git clone {repository}", "```"]
+    github = re.fullmatch(r"https://github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?", repository)
+    if github:
+        binder = (f"https://mybinder.org/v2/gh/{github[1]}/{github[2]}/HEAD"
+                  f"?urlpath=lab/tree/chapters/{stem}.ipynb")
+        lines += ["", f"or run it without installing anything: [launch on Binder]({binder}) (a hosted JupyterLab; "
+                  "the first start takes minutes)."]
+    lines += ["", "In Google Colab: *File -> Upload notebook* and choose the downloaded chapter; its first cell "
+              "installs the course from this repository."]
+    return lines
+
+
+def chapter_cells(stem: str, notebook, executed: bool = True, repository: str = "",
+                  exercise: bool = False) -> tuple[object, object]:
+    """The two cells added to a chapter's page: how to get and open it (after the title cell) and links to the
+    API of everything it imports from the library (at the end). ``executed``: whether this build ran the
+    chapter (the page says so); ``repository``: conf.py ``course_repository``; ``exercise``: whether
+    ``exercises/<stem>.ipynb`` exists (a download link for it)."""
     path = f"chapters/{stem}.py"
+    shown = (f"This page is `{path}`, executed when this site was built: its figures and numbers come from that run."
+             if executed else
+             f"This page is `{path}` **without outputs**: this build of the site did not execute it "
+             "(`MOE_COURSE_SITE_EXECUTE`), so no figures or printed numbers appear below.")
+    # raw HTML links: the notebooks are files of the built site (write_downloads), not documents MyST resolves
+    downloads = (f'<a class="notebook-download" href="../_sources/chapters/{stem}.ipynb" download>{stem}.ipynb</a> '
+                 "(this chapter as a notebook; its first cell installs the course where it is missing, as in a "
+                 "hosted notebook)")
+    if exercise:
+        downloads += (f' and the exercise <a class="notebook-download" href="../_sources/exercises/{stem}.ipynb" '
+                      f'download>{stem}.ipynb</a> (see exercises/README.md)')
     run = _markdown_cell([
-        "````{admonition} Run this chapter yourself in JupyterLab",
+        "````{admonition} Run this chapter yourself",
         ":class: tip",
-        f"This page is `{path}`, executed. In a clone of the repository, after the install of "
-        "{doc}`/install`, start JupyterLab on the chapters:",
+        shown,
+        "",
+        f"Download: {downloads}.",
+        *launch_links(repository, stem),
+        "",
+        "In a clone of the repository, after the {doc}`/install`, start JupyterLab on the chapters:",
         "",
         "```bash",
         "jupyter lab chapters/",
@@ -193,8 +241,9 @@ def chapter_cells(stem: str, notebook) -> tuple[object, object]:
         "",
         f"then right-click `{stem}.py` in the file browser and choose *Open With -> Notebook*. Without "
         f"JupyterLab, `jupytext --to ipynb {path}` writes a notebook for any Jupyter front end. "
-        f"Sliders and other widgets move only there. The library functions this chapter uses are listed "
-        f"{{ref}}`at the end <api-used-{stem}>`.",
+        f"Sliders and other widgets move only there. Close it with *File -> Close and Shut Down Notebook*: a "
+        f"closed tab keeps its kernel running, and reopening the chapter starts a second one. The library "
+        f"functions this chapter uses are listed {{ref}}`at the end <api-used-{stem}>`.",
         "````",
     ])
     lines = [f"(api-used-{stem})=", "## Library API used in this chapter", "",
@@ -205,17 +254,112 @@ def chapter_cells(stem: str, notebook) -> tuple[object, object]:
     return run, _markdown_cell(lines)
 
 
+EXECUTED_NOTE = "<!-- executed-note -->"
+
+
+def executed_note(executed: list[str], chapters: list[str]) -> str:
+    """The home page's sentence on which chapters this build shows executed."""
+    if set(chapters) <= set(executed):
+        return ("Every chapter below is shown executed: its figures, tables and printed numbers come from running "
+                "the chapter's notebook on two CPU cores when this site was built.")
+    if not executed:
+        return ("This build of the site executed no chapter: the chapters below show their text and code "
+                "without outputs (figures and printed numbers appear when you run them).")
+    return (f"This build of the site executed {', '.join(executed)} only (figures, tables and printed numbers from "
+            "running them when the site was built); the other chapters show their text and code without outputs.")
+
+
 def add_chapter_cells(app, docname: str, source: list[str]) -> None:
-    """``source-read``: put the JupyterLab instructions and the API links into a chapter's notebook text."""
+    """``source-read``: put the download and JupyterLab instructions and the API links into a chapter's notebook
+    text; on the home page, say which chapters this build executed."""
+    executed = list(app.config.course_executed)
+    if docname == "index":
+        source[0] = source[0].replace(EXECUTED_NOTE, executed_note(executed, [c.stem for c in chapter_files()]))
     if not docname.startswith("chapters/"):
         return
     notebook = jupytext.reads(source[0], fmt="py:percent")
     stem = docname.split("/", 1)[1]
-    run, api = chapter_cells(stem, notebook)
+    run, api = chapter_cells(stem, notebook, executed=stem in executed, repository=app.config.course_repository,
+                             exercise=(REPO / "exercises" / f"{stem}.ipynb").is_file())
     first_markdown = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "markdown"), -1)
     notebook.cells.insert(first_markdown + 1, run)
     notebook.cells.append(api)
     source[0] = jupytext.writes(notebook, fmt="py:percent")
+
+
+def install_cell_source(repository: str) -> str:
+    """The first cell of a downloaded chapter: installs the course library where it cannot be imported (a
+    hosted notebook: Colab, Binder, a fresh Jupyter), from ``repository`` (a git URL or a local folder);
+    without one it stops with a line saying how to install. Does nothing in a clone with the install done."""
+    if repository.startswith(("https://", "http://", "git@")):
+        requirement = f"moe-course @ git+{repository}"
+    else:
+        requirement = repository
+    lines = [
+        "# Installs the course library `moe_course` when this notebook runs where it is missing (a hosted notebook",
+        "# such as Colab or Binder, or a fresh Jupyter); in a clone with the course installed it does nothing.",
+        "# In JupyterLab close the notebook with File -> Close and Shut Down Notebook: a closed tab keeps its kernel",
+        "# (and its memory) running, and opening the notebook again starts a second one.",
+        "import importlib.util",
+        "import subprocess",
+        "import sys",
+        "",
+        'if importlib.util.find_spec("moe_course") is None:',
+    ]
+    if requirement:
+        lines += [f"    print('installing {requirement} (a few minutes)...')",
+                  f"    subprocess.run([sys.executable, '-m', 'pip', 'install', '--quiet', {requirement!r}], check=True)",
+                  "    importlib.invalidate_caches()"]
+    else:
+        lines += ["    raise ModuleNotFoundError('moe_course is not installed: clone the course repository and run '",
+                  "                              '`pip install -e .` in it (README, Install)')"]
+    return "\n".join(lines)
+
+
+def downloadable_notebook(path: Path, repository: str = ""):
+    """A chapter (``chapters/NN_slug.py``) or exercise (``exercises/NN_slug.ipynb``) as the notebook a learner
+    downloads: its own cells after an install cell (:func:`install_cell_source`). Raises FileNotFoundError for a
+    missing file."""
+    notebook = jupytext.read(path) if path.suffix == ".py" else nbformat.read(path, as_version=4)
+    cell = nbformat.v4.new_code_cell(install_cell_source(repository))
+    cell.metadata["tags"] = ["install"]
+    notebook.cells.insert(0, cell)
+    notebook.metadata.pop("jupytext", None)
+    return notebook
+
+
+def write_downloads(app) -> None:
+    """``builder-inited`` (HTML builders): every chapter and exercise as a downloadable notebook under
+    ``_sources/chapters/`` and ``_sources/exercises/`` of the site, where the theme's download button and the
+    chapter pages link."""
+    if app.builder.format != "html":
+        return
+    out = Path(app.outdir) / "_sources"
+    for folder, paths in (("chapters", chapter_files()), ("exercises", sorted((REPO / "exercises").glob("*.ipynb")))):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        for path in paths:
+            nbformat.write(downloadable_notebook(path, app.config.course_repository),
+                           out / folder / f"{path.stem}.ipynb")
+
+
+def offer_notebook_download(app, pagename, templatename, context, doctree) -> None:
+    """``html-page-context``, before the theme's buttons: a chapter page's download button offers its .ipynb."""
+    if pagename.startswith("chapters/"):
+        context["ipynb_source"] = f"{pagename}.ipynb"
+
+
+def use_repository(app, config) -> None:
+    """``config-inited``: with ``course_repository`` set, the theme shows the repository link in the header.
+
+    Raises ValueError naming MOE_COURSE_REPOSITORY for an address that is neither an http(s) or git URL nor a
+    folder."""
+    repository = config.course_repository
+    if repository and not (repository.startswith(("https://", "http://", "git@")) or Path(repository).is_dir()):
+        raise ValueError(f"MOE_COURSE_REPOSITORY={repository!r} is not allowed; use the repository's https or git "
+                         "URL (https://github.com/OWNER/moe-course) or a local folder")
+    if config.course_repository:
+        config.html_theme_options = {**config.html_theme_options, "repository_url": config.course_repository,
+                                     "use_repository_button": True}
 
 
 def _indent(line: str) -> int:
@@ -239,8 +383,8 @@ def plain_text_docstring(app, what, name, obj, options, lines: list[str]) -> Non
     """``autodoc-process-docstring``: the library's docstrings are plain text, laid out by hand (a shape per
     line, hanging indents, lists right under a sentence, tables of ``=`` borders). Show them as written:
     each line as a line of a reStructuredText line block (indentation kept; a line that only goes on with the
-    sentence before it joins it), tables and ``::`` examples as preformatted blocks; inline code in double
-    backquotes and roles still render. So no docstring needs reStructuredText care to pass the strict build."""
+    sentence before it joins it), lines starting with "- " as a bullet list, tables and ``::`` examples as
+    preformatted blocks; inline code in double backquotes and roles still render. So no docstring needs reStructuredText care to pass the strict build."""
     out: list[str] = []
     literal_indent, table_borders = None, 0
     for line in lines:
@@ -269,7 +413,30 @@ def plain_text_docstring(app, what, name, obj, options, lines: list[str]) -> Non
             out[-1] += " " + _escape(line.strip())
         else:
             out.append("| " + " " * _indent(line) + _escape(line.strip()))
-    lines[:] = out
+    lines[:] = _bullet_lists(out)
+
+
+_ITEM = re.compile(r"^\| ( *)- (.*)$")
+
+
+def _bullet_lists(out: list[str]) -> list[str]:
+    """Line block lines that start with "- " become a reStructuredText bullet list (blank lines around it, one
+    more indent level per indented run), so a docstring's list renders as a list."""
+    result: list[str] = []
+    previous_indent = None  # indentation of the list item just emitted, None after another line
+    for line in out:
+        item = _ITEM.match(line)
+        if item:
+            if result and result[-1] and previous_indent != item[1]:
+                result.append("")
+            result.append(f"{item[1]}- {item[2]}")
+            previous_indent = item[1]
+            continue
+        if previous_indent is not None and line:
+            result.append("")
+        result.append(line)
+        previous_indent = None
+    return result
 
 
 _FIELD = re.compile(r"^[\w.\[\]]+(?: \w+)?: ")  # "x: (batch, tokens) ...", "Raises ValueError: ..."
@@ -278,11 +445,14 @@ _FIELD = re.compile(r"^[\w.\[\]]+(?: \w+)?: ")  # "x: (batch, tokens) ...", "Rai
 def _continues(out: list[str], line: str) -> bool:
     """Whether ``line`` goes on with the sentence of the line block line before it (same indentation, starts
     in lower case, is no "name: ..." field, the line before does not end in a colon): then it joins that line,
-    so that the browser wraps the sentence at the page's width instead of at the source's line breaks."""
+    so that the browser wraps the sentence at the page's width instead of at the source's line breaks. A line
+    indented two more than a "- " item before it is that item's hanging indent and joins it too."""
     if not out or not out[-1].startswith("| "):
         return False
     before = out[-1][2:]
     text = line.strip()
+    if before.lstrip().startswith("- ") and _indent(line) == _indent(before) + 2 and not text.startswith("- "):
+        return True
     return (_indent(before) == _indent(line) and text[:1].islower() and not _FIELD.match(text)
             and not before.rstrip().endswith(":"))
 
@@ -337,10 +507,38 @@ class WidgetNote(SphinxPostTransform):
             kinds = {child.get("mime_type"): child for child in bundle.children}
             if WIDGET_VIEW not in kinds:
                 continue
-            text = kinds["text/plain"].astext().strip() if "text/plain" in kinds else "a widget"
-            note = nodes.note("", nodes.paragraph("", "", nodes.literal(text, text)),
-                              nodes.paragraph("", WIDGET_NOTE))
-            bundle.replace_self(note)
+            bundle.replace_self(nodes.note("", nodes.paragraph("", WIDGET_NOTE)))
+
+
+class FullSizeFigures(SphinxPostTransform):
+    """Link each figure of a chapter's output to its full-size image: the article column is narrower than many
+    figures (1390 px wide ones at 1280 px), so a click opens the image at its natural size. Runs after myst-nb
+    has picked the image output (its priority 4) and before the HTML builder copies images to ``_images``."""
+
+    default_priority = 5
+    formats = ("html",)
+
+    def run(self, **kwargs) -> None:
+        images_dir = relative_uri(self.app.builder.get_target_uri(self.env.docname), "_images")
+        for image in list(self.document.findall(nodes.image)):
+            if isinstance(image.parent, nodes.reference) or not _in_cell_output(image):
+                continue
+            uri = image["uri"]
+            if uri not in self.env.images:
+                continue
+            link = nodes.reference("", "", internal=True, classes=["full-size-figure"],
+                                   refuri=posixpath.join(images_dir, self.env.images[uri][1]),
+                                   reftitle="full size")
+            image.replace_self(link)
+            link.append(image)
+
+
+def _in_cell_output(node) -> bool:
+    while node is not None:
+        if isinstance(node, nodes.container) and node.get("nb_element") == "cell_code_output":
+            return True
+        node = node.parent
+    return False
 
 
 def setup(app):
@@ -349,4 +547,11 @@ def setup(app):
     app.connect("autodoc-process-signature", qualify_annotations)
     app.connect("autodoc-skip-member", skip_namedtuple_fields)
     app.add_post_transform(WidgetNote)
+    app.add_post_transform(FullSizeFigures)
+    # conf.py sets both: which chapters this build executes, the repository's address ("" when unknown)
+    app.add_config_value("course_executed", [], "env")
+    app.add_config_value("course_repository", "", "env")
+    app.connect("config-inited", use_repository)
+    app.connect("builder-inited", write_downloads)
+    app.connect("html-page-context", offer_notebook_download, priority=400)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -60,7 +60,7 @@ def sparse_moe_flops(config: VMoEConfig) -> int:
     with warnings.catch_warnings():  # the count uses whatever integer capacity the layer uses
         warnings.simplefilter("ignore", CapacityRoundingWarning)
         capacity = expert_capacity(config.k, config.group_size * t, config.capacity_ratio, e,
-                                   rounding=config.capacity_rounding)
+                                   rounding=config.capacity_rounding, multiple_of=config.capacity_multiple_of)
     slots = e * capacity / config.group_size  # expert slots per image
     choices = e if config.allocation == "experts_choice" else config.k
     return round(2 * t * d * e + slots * mlp_flops(1, d, config.mlp_dim) + 2 * t * choices * d)

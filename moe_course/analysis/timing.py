@@ -19,10 +19,11 @@ from moe_course.routing import CapacityRoundingWarning
 from moe_course.routing.checks import check_int
 
 
-def time_ms(fn: Callable, *args, repeats: int) -> float:
+def time_ms(fn: Callable, *args, repeats: int, warm_up: bool = True) -> float:
     """Mean wall time of ``fn(*args)`` in milliseconds over ``repeats`` calls, after one untimed warm-up call
-    (which compiles a jitted function)."""
-    jax.block_until_ready(fn(*args))
+    (which compiles a jitted function) unless ``warm_up`` is False."""
+    if warm_up:
+        jax.block_until_ready(fn(*args))
     start = time.perf_counter()
     for _ in range(repeats):
         out = fn(*args)
@@ -35,11 +36,23 @@ def best_ms(calls: dict, *, repeats: int, rounds: int) -> dict:
 
     Taking turns and the minimum keeps a burst of load from another process off the ratios.
     """
-    best: dict = {}
+    return {name: min(times) for name, times in rounds_ms(calls, repeats=repeats, rounds=rounds).items()}
+
+
+def rounds_ms(calls: dict, *, repeats: int, rounds: int) -> dict[str, list[float]]:
+    """Time the calls {name: (fn, args)} in turn, ``rounds`` times over: {name: [mean ms of each round]}.
+
+    Each call is warmed up (compiled) once before the first round, so every round is a timed one; all calls
+    see the same load because they alternate. Take the median of a list for a typical time, its spread for
+    how much the load moved the numbers.
+    """
+    for fn, args in calls.values():
+        jax.block_until_ready(fn(*args))
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, (fn, args) in calls.items():
-            best[name] = min(best.get(name, float("inf")), time_ms(fn, *args, repeats=repeats))
-    return best
+            times[name].append(time_ms(fn, *args, repeats=repeats, warm_up=False))
+    return times
 
 
 def grad_step(module: nnx.Module) -> tuple[Callable, tuple]:

@@ -17,6 +17,7 @@ from typing import ClassVar
 from moe_course.checks import check_choices, check_integers, check_number, check_text, replace_validated
 
 POOLS = ("cls", "gap")
+GELUS = ("exact", "tanh")
 JFT_CLASSES = 18291
 
 
@@ -29,7 +30,9 @@ class ViTConfig:
     heads; must divide width. mlp_dim: hidden size of each block's MLP. num_classes: classifier outputs.
     pool: "cls" (class token) or "gap" (global average pooling of the final tokens). representation_size:
     width of the pre-logits layer (Dense + tanh) used for JFT-300M pre-training, or None for no such layer.
-    dropout: dropout rate after attention/MLP (training only).
+    dropout: dropout rate after attention/MLP (training only). gelu: the GELU of every MLP and expert,
+    "exact" (erf, the course's default) or "tanh" (its tanh approximation, ``flax.linen.gelu``'s default, which
+    big_vision's and vmoe's released checkpoints were trained with; ``moe_course.reference`` sets it).
     """
 
     name: str = "custom"
@@ -44,8 +47,9 @@ class ViTConfig:
     pool: str = "cls"
     representation_size: int | None = None
     dropout: float = 0.0
+    gelu: str = "exact"
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"pool": POOLS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"pool": POOLS, "gelu": GELUS}
 
     @property
     def num_patches(self) -> int:

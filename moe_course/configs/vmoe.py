@@ -47,6 +47,8 @@ class VMoEConfig(ViTConfig):
     preset; choose "sum" to reproduce vmoe.
     capacity_rounding: how B_e is rounded, one of ``moe_course.routing.ROUNDINGS``; "vmoe_round"
     reproduces vmoe's rounding (halves to even, a capacity of 0 raises; see ``expert_capacity``).
+    capacity_multiple_of: None, or raise every B_e to the next multiple of it, as vmoe's dispatcher does by
+    default (``capacity_multiple_of=4``, with ``capacity_rounding="ceil"``; ``moe_course.reference.vmoe`` sets both).
     dispatch: "gather" (index based, memory linear in group size) or "einsum" (one-hot).
     check_finite: debug mode. Every MoE layer checks, with ``jax.experimental.checkify``, that its input
     tokens and router logits are finite; the training and evaluation steps then raise an error naming the
@@ -69,6 +71,7 @@ class VMoEConfig(ViTConfig):
     expert_dropout: float = 0.0
     aux_loss_weight: float = 0.01
     capacity_rounding: str = "round"
+    capacity_multiple_of: int | None = None
     dispatch: str = "gather"
     aux_loss_reduction: str = "mean"
     check_finite: bool = False
@@ -90,6 +93,7 @@ class VMoEConfig(ViTConfig):
         """Returns self, or raises ValueError naming the field, its value and what is allowed."""
         super().validate()
         check_integers(self, ("num_experts", "k", "group_size", "moe_last_n"), minimum=1)
+        check_integers(self, ("capacity_multiple_of",), minimum=1, optional=True)
         if self.k > self.num_experts:
             raise ValueError(f"k={self.k} is not allowed; use 1 <= k <= num_experts={self.num_experts}")
         check_number(self, "capacity_ratio", minimum=0, above_minimum=True)
@@ -107,7 +111,7 @@ class VMoEConfig(ViTConfig):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 expert_capacity(self.k, tokens_per_group, self.capacity_ratio, self.num_experts,
-                                rounding=self.capacity_rounding)
+                                rounding=self.capacity_rounding, multiple_of=self.capacity_multiple_of)
         return self
 
 

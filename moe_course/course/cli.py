@@ -2,7 +2,7 @@
 
     moe-course course release [ASSIGNMENT ...]            build exercises/ (and the course's gradebook)
     moe-course course collect EXPORT_DIR --assignment A   copy an LMS export into the course
-    moe-course course autograde A [--jobs N]              grade every collected submission of A
+    moe-course course autograde A [--jobs N]              grade every collected submission of A (in bubblewrap)
     moe-course course feedback A                          HTML feedback per student (no hidden tests)
     moe-course course export [--to grades.csv]            one CSV row per submission
     moe-course course validate NOTEBOOK                   a learner checks a notebook before hand-in
@@ -45,7 +45,11 @@ def add_parser(sub) -> None:
                            help="wall-clock seconds per submission")
     autograde.add_argument("--memory-mb", type=int, default=Limits.memory_bytes // 2**20,
                            help="address-space limit of the grading kernel (MiB)")
+    autograde.add_argument("--max-output-mb", type=int, default=Limits.output_bytes // 2**20,
+                           help="output one notebook may print before its grading stops (MiB)")
     autograde.add_argument("--solutions", default=str(SOLUTIONS), help="kept unreadable for submitted code")
+    autograde.add_argument("--no-sandbox", action="store_true",
+                           help="grade without bubblewrap (unsafe; written into grades.csv for every row)")
 
     feedback = with_course_dir(commands.add_parser("feedback", help="HTML feedback per graded student"))
     feedback.add_argument("assignment")
@@ -81,10 +85,10 @@ def run(args) -> dict:
                 **{f"skipped {name}": why for name, why in skipped.items()}}
     if command == "autograde":
         limits = Limits(cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
-                        memory_bytes=args.memory_mb * 2**20)
+                        memory_bytes=args.memory_mb * 2**20, output_bytes=args.max_output_mb * 2**20)
         start = time.perf_counter()
         records = grade.autograde(course_dir, args.assignment, jobs=args.jobs, limits=limits,
-                                  solutions_dir=Path(args.solutions))
+                                  solutions_dir=Path(args.solutions), sandbox=not args.no_sandbox)
         seconds = time.perf_counter() - start
         lines = {r["student"]: f"{r['score']} / {r['max_score']} ({r['status']}{': ' + r['error'] if r['error'] else ''})"
                  for r in records}

@@ -5,15 +5,22 @@ Layouts understood (one export per assignment):
   Brightspace, a plain ``<student>/`` folder); a folder with several notebooks uses ``<assignment>.ipynb``;
 - flat files named the Canvas way, ``<name>[_late]_<user id>_<submission id>_<original name>.ipynb``;
 - flat files named by student, ``<student>.ipynb``.
-Student ids are the folder or file names reduced to ``[a-z0-9_.-]`` (Moodle's suffix dropped). Every
-notebook is copied as ``submitted/<student>/<assignment>/<assignment>.ipynb``, broken ones too: whether a
-file can be read is the grader's question, and it answers it per student.
+Student ids are the folder or file names reduced to ``[a-z0-9_.-]`` (Moodle's suffix dropped, accents
+dropped: ``José`` -> ``jose``); a name with no ASCII letter or digit left (``王芳``) gets its Punycode form
+(``xn--...``, as in domain names: ASCII, distinct per name). Every notebook is copied as
+``submitted/<student>/<assignment>/<assignment>.ipynb``, broken ones too: whether a file can be read is the
+grader's question, and it answers it per student. Symbolic links and special files (FIFOs, devices,
+sockets) are never followed or copied; each skipped entry gets a line saying why, and nothing aborts the
+class.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
+import unicodedata
 from pathlib import Path
 
 from moe_course.course.config import course_paths
@@ -22,42 +29,74 @@ CANVAS = re.compile(r"^(?P<name>[^_]+)(?:_late)?_(?P<user>\d+)_\d+_.+\.ipynb$", 
 MOODLE_SUFFIX = re.compile(r"_assignsubmission_\w*$")
 
 
+def _ascii_id(name: str) -> str:
+    return re.sub(r"[^a-z0-9_.-]+", "-", name.strip().lower()).strip("-.")
+
+
 def student_id(name: str) -> str:
-    """A folder-safe student id from an LMS name; ValueError for a name with no usable character."""
-    cleaned = re.sub(r"[^a-z0-9_.-]+", "-", MOODLE_SUFFIX.sub("", name).strip().lower()).strip("-.")
+    """A folder-safe ASCII student id from an LMS name (see the module docstring); ValueError for a name
+    with no letter or digit at all."""
+    name = MOODLE_SUFFIX.sub("", name)
+    cleaned = _ascii_id(unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode())
+    if not re.search(r"[a-z0-9]", cleaned):
+        letters = "".join(c for c in unicodedata.normalize("NFC", name).lower() if c.isalnum())
+        cleaned = "xn--" + _ascii_id(letters.encode("punycode").decode()) if letters else ""
     if not cleaned:
         raise ValueError(f"student name {name!r} has no letters or digits to make an id from")
     return cleaned
 
 
+def _kind(path: Path) -> str | None:
+    """None for a regular file or folder; else what it is (never followed)."""
+    mode = path.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        return "a symbolic link (not followed)"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        return "a special file (FIFO, device or socket)"
+    return None
+
+
 def _notebooks(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    """Regular ``*.ipynb`` files under ``folder``, links neither followed nor taken."""
+    found = []
+    for parent, folders, files in os.walk(folder):
+        folders[:] = [f for f in folders if f != ".ipynb_checkpoints" and _kind(Path(parent, f)) is None]
+        found += [Path(parent, f) for f in files if f.endswith(".ipynb") and _kind(Path(parent, f)) is None]
+    return sorted(found)
 
 
 def find_submissions(export_dir: Path, assignment: str) -> tuple[dict[str, Path], dict[str, str]]:
     """({student: notebook}, {entry name: why it was skipped}) for an LMS export folder."""
     found, skipped = {}, {}
     for entry in sorted(Path(export_dir).iterdir()):
-        if entry.is_dir():
-            notebooks = _notebooks(entry)
-            named = [p for p in notebooks if p.name == f"{assignment}.ipynb"]
-            chosen = named[:1] if named else notebooks
-            if len(chosen) != 1:
-                skipped[entry.name] = f"{len(notebooks)} notebooks and none named {assignment}.ipynb"
-                continue
-            student, notebook = student_id(entry.name), chosen[0]
-        elif entry.suffix == ".ipynb":
-            match = CANVAS.match(entry.name)
-            student = student_id(f"{match['name']}_{match['user']}" if match else entry.stem)
-            notebook = entry
-        else:
-            skipped[entry.name] = "not a notebook or a folder"
+        if why := _kind(entry):
+            skipped[entry.name] = why
+            continue
+        try:
+            student, notebook = _submission(entry, assignment)
+        except ValueError as err:
+            skipped[entry.name] = str(err)
             continue
         if student in found:
             skipped[entry.name] = f"a second submission for student {student!r} (kept {found[student].name})"
             continue
         found[student] = notebook
     return found, skipped
+
+
+def _submission(entry: Path, assignment: str) -> tuple[str, Path]:
+    """(student, notebook) of one export entry; ValueError saying why it is not a submission."""
+    if entry.is_dir():
+        notebooks = _notebooks(entry)
+        named = [p for p in notebooks if p.name == f"{assignment}.ipynb"]
+        chosen = named[:1] if named else notebooks
+        if len(chosen) != 1:
+            raise ValueError(f"{len(notebooks)} notebooks and none named {assignment}.ipynb")
+        return student_id(entry.name), chosen[0]
+    if entry.suffix == ".ipynb":
+        match = CANVAS.match(entry.name)
+        return student_id(f"{match['name']}_{match['user']}" if match else entry.stem), entry
+    raise ValueError("not a notebook or a folder")
 
 
 def collect(export_dir: Path, course_dir: Path, assignment: str) -> tuple[dict[str, Path], dict[str, str]]:

@@ -29,12 +29,15 @@ class Limits:
     cell_timeout: seconds one cell may run before it is interrupted (that cell then scores 0).
     submission_timeout: wall-clock seconds for a whole submission (its kernel included) before it is killed.
     memory_bytes: address-space limit of the grading kernel (bytes). cpu_seconds: its CPU-time limit (s).
+    output_bytes: bytes of output (printed text, displays, errors) one notebook may send back
+    (``output_cap.CappedExecute``); past it, grading of that submission stops with status "failed".
     """
 
     cell_timeout: int = 60
     submission_timeout: int = 900
     memory_bytes: int = 6 * 2**30
     cpu_seconds: int = 600
+    output_bytes: int = 16 * 2**20
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
@@ -61,7 +64,8 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     fails. sockets: a folder of this process's own (short path: Unix socket names hold at most 107 bytes)
     where the kernel's channels become Unix sockets (ZeroMQ's ``ipc`` transport) instead of TCP ports -- two
     grading processes that start kernels at the same moment can otherwise be handed the same free port, and
-    the kernel that loses the race dies before it answers.
+    the kernel that loses the race dies before it answers. With a kernel_name, cells run in
+    ``output_cap.CappedExecute`` (at most ``limits.output_bytes`` of output).
     """
     paths = course_paths(course_dir)
     c = Config()
@@ -77,6 +81,8 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     c.Execute.startup_timeout = 120
     if kernel_name is not None:
         c.Execute.kernel_name = kernel_name
+        c.Autograde.autograde_preprocessors = autograde_preprocessors()
+        c.CappedExecute.output_bytes = limits.output_bytes
     if sockets is not None:
         c.KernelManager.transport = "ipc"
         c.KernelManager.ip = str(Path(sockets).resolve() / "kernel")
@@ -100,6 +106,50 @@ def sanitize_preprocessors() -> list:
     from nbgrader.preprocessors import CheckCellMetadata, ClearOutput, DeduplicateIds, OverwriteCells, OverwriteKernelspec
 
     return [ClearOutput, DeduplicateIds, drop_emptied_metadata, OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
+
+
+_HELD_STDERR = "moe_course_held_stderr"
+
+
+def hold_stderr(notebook, resources):
+    """nbgrader preprocessor, before SaveAutoGrades: take the stderr text out of every test cell's outputs
+    (nbgrader would score a test cell 0 for it, so a correct answer that prints a warning lost its marks;
+    a failing test is an ``error`` output, which stays). ``restore_stderr`` puts it back afterwards."""
+    held = resources.setdefault(_HELD_STDERR, {})
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade"):
+            outputs = cell.get("outputs", [])
+            stderr = [(i, o) for i, o in enumerate(outputs) if o.get("output_type") == "stream"
+                      and o.get("name") == "stderr"]
+            if stderr:
+                held[index] = stderr
+                cell.outputs = [o for o in outputs if all(o is not kept for _, kept in stderr)]
+    return notebook, resources
+
+
+def restore_stderr(notebook, resources):
+    """nbgrader preprocessor, after SaveAutoGrades: the stderr outputs ``hold_stderr`` took, back in place."""
+    for index, outputs in resources.pop(_HELD_STDERR, {}).items():
+        for position, output in outputs:
+            notebook.cells[index].outputs.insert(position, output)
+    return notebook, resources
+
+
+def autograde_preprocessors() -> list:
+    """nbgrader's Autograde.autograde_preprocessors with its ``Execute`` replaced by ``CappedExecute`` and
+    SaveAutoGrades between ``hold_stderr`` and ``restore_stderr``."""
+    from nbgrader.converters.autograde import Autograde
+    from nbgrader.preprocessors import Execute, SaveAutoGrades
+
+    from moe_course.course.output_cap import CappedExecute
+
+    chosen = []
+    for preprocessor in Autograde.class_traits()["autograde_preprocessors"].default():
+        if preprocessor is SaveAutoGrades:
+            chosen += [hold_stderr, SaveAutoGrades, restore_stderr]
+        else:
+            chosen.append(CappedExecute if preprocessor is Execute else preprocessor)
+    return chosen
 
 
 def grading_env(course_dir: Path) -> dict[str, str]:

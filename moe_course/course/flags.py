@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 SUSPICIOUS_MODULES = {"ctypes", "gc", "builtins", "importlib", "inspect", "subprocess", "signal", "faulthandler",
-                      "resource", "shutil", "socket", "sys", "os", "pathlib", "IPython", "unittest"}
+                      "resource", "shutil", "socket", "sys", "os", "pathlib", "IPython", "unittest",
+                      "_posixsubprocess", "multiprocessing", "threading", "traceback", "linecache"}
 SUSPICIOUS_NAMES = {"get_ipython", "open", "exec", "eval", "compile", "setattr", "delattr", "__import__", "globals",
                     "vars", "__code__", "__builtins__", "__globals__", "sys.modules", "_exit", "exit", "quit"}
 
@@ -38,12 +39,20 @@ def scan_source(source: str) -> list[str]:
     return sorted(flags)
 
 
+def _students_code(cell: dict) -> bool:
+    """A code cell the student wrote: an answer cell, or one they added (no nbgrader metadata); not the
+    locked cells, which grading restores from the gradebook."""
+    nbgrader = cell.get("metadata", {}).get("nbgrader", {})
+    return cell.get("cell_type") == "code" and (nbgrader.get("solution") or not nbgrader.get("locked"))
+
+
 def scan_notebook(path: Path) -> list[str]:
-    """Flags for the answer cells (nbgrader ``solution``) of a submitted notebook; ["unreadable"] if it is not one."""
+    """Flags for the code a student wrote in a submitted notebook (answer cells and added cells);
+    ["unreadable notebook"] if it is not one."""
     try:
         cells = json.loads(Path(path).read_text())["cells"]
         sources = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells
-                   if c.get("cell_type") == "code" and c.get("metadata", {}).get("nbgrader", {}).get("solution")]
+                   if _students_code(c)]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return ["unreadable notebook"]
     return sorted({flag for source in sources for flag in scan_source(source)})

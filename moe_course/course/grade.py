@@ -2,7 +2,7 @@
 
 Every submission is graded by its own process (``moe_course.course.worker``) in its own session, at most
 ``jobs`` at a time, each under a wall-clock limit, with the grading kernel of ``moe_course.course.kernel``
-(resource limits, file policy, restored modules) and nbgrader's per-cell timeout. Whatever one submission
+in the bubblewrap sandbox of ``moe_course.course.sandbox`` (resource limits, file policy, restored modules) and nbgrader's per-cell timeout. Whatever one submission
 does -- loop forever, exit, crash its kernel, exhaust memory, edit the tests, or not be a notebook at all --
 it ends with a record for that student and cannot touch the grade of another: there is no shared process
 and no shared database to corrupt. A submission whose kernel dies is marked "failed" with the reason and
@@ -20,12 +20,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from moe_course.course import sandbox as bubblewrap
 from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
 from moe_course.course.flags import scan_notebook
 from moe_course.course.kernel import write_kernelspec
 from moe_course.course.worker import record_paths
 
-GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags")
+GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags", "sandbox")
+NO_SANDBOX = "none (--no-sandbox)"  # the sandbox column of a submission graded without bubblewrap
 
 
 def submitted_students(course_dir: Path, assignment: str) -> list[str]:
@@ -39,7 +41,7 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits)
     result.parent.mkdir(parents=True, exist_ok=True)
     result.unlink(missing_ok=True)
     command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment, student,
-               str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds)]
+               str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds), str(limits.output_bytes)]
     process = subprocess.Popen(command, env=grading_env(course_dir), start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -57,12 +59,14 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits)
 
 
 def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2, limits: Limits = Limits(),
-              solutions_dir: Path = SOLUTIONS) -> list[dict]:
+              solutions_dir: Path = SOLUTIONS, sandbox: bool = True) -> list[dict]:
     """Grade ``students`` (default: everyone in ``submitted/``) of ``assignment``, ``jobs`` at a time.
 
-    The assignment must have been released into ``course_dir`` (``build.release``). Returns one record per
-    student (see ``worker``), with ``flags`` from ``flags.scan_notebook`` added. Raises ValueError for
-    jobs < 1 or an assignment that is not in the course.
+    The assignment must have been released into ``course_dir`` (``build.release``). Every kernel runs in
+    bubblewrap (``moe_course.course.sandbox``) unless ``sandbox`` is False, which each record then says in
+    its ``sandbox`` field. Returns one record per student (see ``worker``), with ``flags`` from
+    ``flags.scan_notebook`` added. Raises ValueError for jobs < 1, an assignment that is not in the course,
+    or (with ``sandbox``) a host where bubblewrap is missing or cannot run, with how to install it.
     """
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs={jobs!r} is not allowed; use a positive integer (parallel grading processes)")
@@ -70,14 +74,17 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     if not (paths["release"] / assignment).is_dir():
         raise ValueError(f"assignment={assignment!r} is not released in {paths['root']}; run "
                          f"`moe-course course release {assignment}` first")
+    if sandbox and (why := bubblewrap.unavailable()):
+        raise ValueError(f"{why}. {bubblewrap.INSTALL_HINT}")
     write_kernelspec(paths["jupyter"], protect=[paths["root"], Path(solutions_dir)],
-                     memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds)
+                     memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         records = list(pool.map(lambda s: _run_worker(course_dir, assignment, s, limits), students))
     for record in records:
         notebook = paths["submitted"] / record["student"] / assignment / f"{assignment}.ipynb"
         record["flags"] = scan_notebook(notebook)
+        record["sandbox"] = "bwrap" if sandbox else NO_SANDBOX
         _, result = record_paths(course_dir, assignment, record["student"])
         result.write_text(json.dumps(record, indent=1))
     return records
@@ -117,17 +124,27 @@ def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path
 
 
 def export(course_dir: Path, target: Path | None = None) -> Path:
-    """Write ``grades.csv`` (default: in the course directory): one row per graded or failed submission,
-    GRADES_FIELDS; max_score from the master gradebook where grading failed. Returns its path."""
+    """Write ``grades.csv`` (default: in the course directory): one row per collected submission, GRADES_FIELDS
+    -- graded, failed, or "not graded" (collected, never autograded: score 0); max_score from the master
+    gradebook where grading failed or never ran. Returns its path."""
     from nbgrader.api import Gradebook
 
     paths = course_paths(course_dir)
     target = Path(target or paths["root"] / "grades.csv")
     with Gradebook(f"sqlite:///{paths['db']}", "moe-course") as gradebook:
         max_scores = {a.name: a.max_score for a in gradebook.assignments}
-    rows = []
+    records = {}
+    for folder in sorted(paths["submitted"].glob("*/*")):
+        if folder.is_dir() and folder.name in max_scores:
+            records[folder.name, folder.parent.name] = {
+                "assignment": folder.name, "student": folder.parent.name, "score": 0.0, "max_score": None,
+                "status": "not graded", "error": "collected, never autograded"}
     for result in sorted(paths["gradebooks"].glob("*/*.json")):
         record = json.loads(result.read_text())
+        records[record["assignment"], record["student"]] = record
+    rows = []
+    for key in sorted(records):
+        record = records[key]
         record["max_score"] = record["max_score"] if record["max_score"] is not None else max_scores.get(
             record["assignment"])
         record["flags"] = "; ".join(record.get("flags", []))

@@ -18,7 +18,8 @@ layers, each for a class of hostile or broken submissions:
    monkeypatching in an answer cell cannot make a later hidden test pass. Hidden tests import what they use
    inside the test cell and compute the library's reference before they call the student's function.
 
-What this does not do: it is not an operating-system sandbox. Code that unregisters the restore callback
+What this does not do: it is not an operating-system sandbox (``moe_course.course.sandbox`` is: the kernel
+runs in bubblewrap, where the files and processes this hook guards are absent in the first place). Code that unregisters the restore callback
 (``get_ipython().events``) and then patches, code that changes objects a hidden test already holds while
 the test calls it, or code that crashes the interpreter, is out of its reach; the batch
 (``moe_course.course.grade``) still survives such a submission (a per-student process with a wall-clock
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import sys
 import types
 
@@ -99,6 +101,13 @@ def _is_write(mode, flags) -> bool:
     return isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
 
 
+def _interrupts_itself(event: str, args: tuple) -> bool:
+    """True for SIGINT to this very process or its own group: how ipykernel carries out an interrupt that came
+    as a message (the sandboxed kernel's interrupt mode; no signal reaches it from outside)."""
+    own = os.getpid() if event == "os.kill" else os.getpgid(0)
+    return len(args) >= 2 and args[0] == own and args[1] == signal.SIGINT
+
+
 def audit_hook(policy: FilePolicy):
     """The PEP 578 hook enforcing ``policy`` and the blocked events (see the module docstring)."""
     busy = []
@@ -119,6 +128,8 @@ def audit_hook(policy: FilePolicy):
             elif event in _WRITE_EVENTS and args and not all(policy.may_write(a) for a in args[:2]
                                                              if isinstance(a, (str, bytes, os.PathLike))):
                 raise GradingViolation(f"grading: {event}{args[:2]!r} is not allowed (outside {policy.home})")
+            elif event in ("os.kill", "os.killpg") and _interrupts_itself(event, args):
+                pass
             elif event in _BLOCKED_EVENTS or event.startswith("ctypes."):
                 raise GradingViolation(f"grading: {event} is not allowed in a graded notebook")
         finally:

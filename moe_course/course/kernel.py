@@ -2,7 +2,9 @@
 
 ``write_kernelspec`` puts its kernelspec (``moe-course-grader``) into a folder that the grading processes
 add to ``JUPYTER_PATH``; nbgrader's executor then starts it for every submission instead of the notebook's
-own kernel. Started as ``python -m moe_course.course.kernel -f CONNECTION_FILE``.
+own kernel. Started as ``python -m moe_course.course.kernel -f CONNECTION_FILE``, inside bubblewrap by the
+launcher ``python -m moe_course.course.sandbox CONNECTION_FILE`` (the kernelspec's argv unless
+``sandbox=False``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ from pathlib import Path
 KERNEL_NAME = "moe-course-grader"
 
 
-def write_kernelspec(jupyter_dir: Path, *, protect: list[Path], memory_bytes: int, cpu_seconds: int) -> Path:
+def write_kernelspec(jupyter_dir: Path, *, protect: list[Path], memory_bytes: int, cpu_seconds: int,
+                     sandbox: bool = True) -> Path:
     """Write ``jupyter_dir/kernels/moe-course-grader/kernel.json``; returns the kernelspec folder.
 
     protect: folders submitted code may not read (the course directory, the solutions); memory_bytes: address
-    space limit of the kernel (bytes); cpu_seconds: its CPU time limit (s). Raises ValueError for a limit < 1.
+    space limit of the kernel (bytes); cpu_seconds: its CPU time limit (s); sandbox: start the kernel inside
+    bubblewrap (``moe_course.course.sandbox``; interrupts then go as messages, signals cannot reach it).
+    Raises ValueError for a limit < 1.
     """
     from moe_course.course import guard
 
@@ -28,8 +33,10 @@ def write_kernelspec(jupyter_dir: Path, *, protect: list[Path], memory_bytes: in
             raise ValueError(f"{name}={value!r} is not allowed; use a positive integer")
     folder = Path(jupyter_dir) / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True, exist_ok=True)
+    module = "moe_course.course.sandbox" if sandbox else "moe_course.course.kernel"
     spec = {
-        "argv": [sys.executable, "-m", "moe_course.course.kernel", "-f", "{connection_file}"],
+        "argv": [sys.executable, "-m", module, *([] if sandbox else ["-f"]), "{connection_file}"],
+        "interrupt_mode": "message" if sandbox else "signal",
         "display_name": "moe-course grader (limited)",
         "language": "python",
         "env": {
@@ -40,6 +47,8 @@ def write_kernelspec(jupyter_dir: Path, *, protect: list[Path], memory_bytes: in
             "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
             "PYTHONDONTWRITEBYTECODE": "1",
+            # the kernel starts in the submission's folder: import the grader's own moe_course, not another
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
         },
     }
     (folder / "kernel.json").write_text(json.dumps(spec, indent=1))

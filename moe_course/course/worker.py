@@ -7,12 +7,14 @@ never write the same database. It writes ``gradebooks/<assignment>/<student>.jso
 "failed"), the error if any, seconds, score, max_score and the score of every grade cell. A failed
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
-Run as ``python -m moe_course.course.worker COURSE_DIR ASSIGNMENT STUDENT CELL_TIMEOUT MEMORY_BYTES CPU_SECONDS``.
+Run as ``python -m moe_course.course.worker COURSE_DIR ASSIGNMENT STUDENT CELL_TIMEOUT MEMORY_BYTES CPU_SECONDS
+OUTPUT_BYTES``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from moe_course.course.config import Limits, course_paths, nbgrader_config
 from moe_course.course.kernel import KERNEL_NAME
+from moe_course.course.sandbox import SCRATCH_ENV
 
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
 # What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
@@ -72,12 +75,19 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
 
 
 def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path) -> dict:
-    """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook)."""
+    """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
+
+    The kernel's sockets and (in the sandbox) its private copy of the submission's folder live in a scratch
+    folder of this process's own, removed afterwards.
+    """
     from nbgrader.apps import NbGraderAPI
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
-    with tempfile.TemporaryDirectory(prefix="moe-grade-") as sockets:
-        config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME, sockets=Path(sockets))
+    with tempfile.TemporaryDirectory(prefix="moe-grade-") as scratch:
+        (Path(scratch) / "ipc").mkdir()
+        os.environ[SCRATCH_ENV] = scratch
+        config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME,
+                                 sockets=Path(scratch) / "ipc")
         return NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
 
 
@@ -85,7 +95,7 @@ def summarise_error(log: str) -> str:
     """The most telling line of nbgrader's log for a failed submission: a known cause (a dead kernel, a
     broken file), else the exception line that ends the first traceback, else the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for needle in ("DeadKernelError", "Kernel died", "Kernel didn't respond", "NotJSONError", "Unreadable",
+    for needle in ("OutputLimitError", "DeadKernelError", "Kernel died", "Kernel didn't respond", "NotJSONError", "Unreadable",
                    "JSONDecodeError", "ValidationError", "UnresponsiveKernelError", "Timeout"):
         for line in lines:
             if needle in line:
@@ -95,9 +105,11 @@ def summarise_error(log: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s)."""
-    course_dir, assignment, student, cell_timeout, memory, cpu = (sys.argv[1:] if argv is None else argv)
-    limits = Limits(cell_timeout=int(cell_timeout), memory_bytes=int(memory), cpu_seconds=int(cpu))
+    """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s),
+    output (bytes)."""
+    course_dir, assignment, student, cell_timeout, memory, cpu, output = (sys.argv[1:] if argv is None else argv)
+    limits = Limits(cell_timeout=int(cell_timeout), memory_bytes=int(memory), cpu_seconds=int(cpu),
+                    output_bytes=int(output))
     record = grade_submission(Path(course_dir), assignment, student, limits)
     return 0 if record["status"] == "graded" else 1
 

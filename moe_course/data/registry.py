@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from moe_course.data.base import DataError, ImageDataset
 from moe_course.data.caption_files import ImageCaptions
@@ -13,6 +14,28 @@ from moe_course.data.folders import ImageFolder
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions", "digit-glyphs")
 GLYPHS_PER_DIGIT = 30  # digit-glyphs: 300 classes, the parameter-bound regime of README's "Where experts pay"
+# What each dataset with files reads: the kind a chapter's full-scale cell names when the data does not fit.
+KINDS = {
+    "cifar10": "CIFAR-10 python data (cifar-10-python.tar.gz or its extracted cifar-10-batches-py/)",
+    "cifar100": "CIFAR-100 python data (cifar-100-python.tar.gz or its extracted cifar-100-python/)",
+    "imagefolder": "an image folder (train/<class>/*.jpeg and val/<class>/...)",
+    "captions": "image-caption data (train.json in COCO captions format or train.tsv, images under train/)",
+}
+
+
+def data_kind(path: str | os.PathLike) -> str:
+    """What the files at ``path`` look like, in the words of ``KINDS``: one of its keys, "cifar" (either CIFAR),
+    or "unknown" (including a missing path). Only names and the folder layout are looked at."""
+    path = Path(path)
+    names = {p.name for p in path.iterdir()} if path.is_dir() else {path.name}
+    if (any(name.startswith("cifar-") for name in names) or names & {"data_batch_1", "batches.meta"}
+            or ((path / "meta").is_file() and (path / "train").is_file())):
+        return "cifar"
+    if names & {"train.json", "train.tsv"}:
+        return "captions"
+    if (path / "train").is_dir() and any(child.is_dir() for child in (path / "train").iterdir()):
+        return "imagefolder"
+    return "unknown"
 
 
 def load_dataset(
@@ -32,7 +55,8 @@ def load_dataset(
 
     Raises:
       ValueError: an unknown ``name``.
-      DataError: a missing ``path`` where one is needed, a ``path`` for digits, or a bad path/layout/file.
+      DataError: a missing ``path`` where one is needed, a ``path`` for digits, or a bad path/layout/file;
+        for files of another kind (an image folder given to cifar10, ...) one line naming both kinds.
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
@@ -45,8 +69,15 @@ def load_dataset(
         return CaptionedDigits(ClutteredDigits(config)) if name == "digits-captions" else ClutteredDigits(config)
     if path is None:
         raise DataError(f"dataset {name!r} needs its files: pass --data-dir (the path to them)")
-    if name in ("cifar10", "cifar100"):
-        return Cifar(path, variant=name, image_size=image_size or 32)
-    if name == "captions":
-        return ImageCaptions(path, image_size=image_size or 224)
-    return ImageFolder(path, image_size=image_size or 224)
+    try:
+        if name in ("cifar10", "cifar100"):
+            return Cifar(path, variant=name, image_size=image_size or 32)
+        if name == "captions":
+            return ImageCaptions(path, image_size=image_size or 224)
+        return ImageFolder(path, image_size=image_size or 224)
+    except DataError as error:
+        found = data_kind(path)
+        if found in ("unknown", name) or (found == "cifar" and name.startswith("cifar")):
+            raise
+        looks = "CIFAR python data" if found == "cifar" else KINDS[found].split(" (")[0]
+        raise DataError(f"{path} looks like {looks}, but dataset {name!r} reads {KINDS[name]}") from error

@@ -16,7 +16,8 @@ class EncoderBlock(nnx.Module):
     """One ViT encoder block (Dosovitskiy et al. 2021, Eq. 2-3). x: (batch, tokens, width) -> same shape.
 
     ``mlp``: None for the dense MLP of size ``mlp_dim``, or a module that returns an ``MoEOutput`` (V-MoE
-    replaces the MLP of some blocks with a sparse MoE layer, Sec. 2.1).
+    replaces the MLP of some blocks with a sparse MoE layer, Sec. 2.1). gelu: the dense MLP's GELU
+    (``MLP``).
     attention_mask: (batch, tokens, tokens) bool or None, which keys each query sees. token_mask, modality:
     (batch, tokens) bool / int or None, handed to an MoE ``mlp`` (padding takes no expert slot; LIMoE's
     per-modality aux losses); a dense MLP treats every token alike.
@@ -24,11 +25,11 @@ class EncoderBlock(nnx.Module):
     """
 
     def __init__(self, width: int, heads: int, mlp_dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs,
-                 mlp: nnx.Module | None = None):
+                 mlp: nnx.Module | None = None, gelu: str = "exact"):
         self.norm1 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
         self.attn = MultiHeadAttention(width, heads, rngs=rngs)
         self.norm2 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
-        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim, rngs=rngs)
+        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim, gelu=gelu, rngs=rngs)
         self.drop = nnx.Dropout(dropout)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,

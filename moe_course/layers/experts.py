@@ -8,7 +8,8 @@ from flax import nnx
 
 
 class Experts(nnx.Module):
-    """E MLPs of the ViT MLP shape, e_i(x) = W2_i gelu(W1_i x + b1_i) + b2_i (V-MoE Sec. 2.1, exact GELU).
+    """E MLPs of the ViT MLP shape, e_i(x) = W2_i gelu(W1_i x + b1_i) + b2_i (V-MoE Sec. 2.1; exact
+    GELU, or its tanh approximation with gelu="tanh").
 
     Call: buffers (groups, experts, capacity, width) float32 -> same shape; buffer e goes through expert e.
     Empty buffer slots hold zeros and are never combined back. ``dropout`` acts on the hidden units during
@@ -17,7 +18,9 @@ class Experts(nnx.Module):
     fc2_bias (E, width) -- each expert initialised like ``nnx.Linear``.
     """
 
-    def __init__(self, num_experts: int, width: int, hidden: int, *, dropout: float = 0.0, rngs: nnx.Rngs):
+    def __init__(self, num_experts: int, width: int, hidden: int, *, dropout: float = 0.0, gelu: str = "exact",
+                 rngs: nnx.Rngs):
+        self.gelu = gelu
         init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))  # per expert, as nnx.Linear
         self.fc1_kernel = nnx.Param(init(rngs.params(), (num_experts, width, hidden)))
         self.fc1_bias = nnx.Param(jnp.zeros((num_experts, hidden)))
@@ -31,6 +34,6 @@ class Experts(nnx.Module):
         # "gecd" puts the batch axis second, which XLA:CPU transposes for the forward and the backward pass.)
         x = jnp.swapaxes(buffers, 0, 1).reshape(experts, groups * capacity, width)
         h = jnp.einsum("end,edh->enh", x, self.fc1_kernel[...]) + self.fc1_bias[...][:, None]
-        h = self.drop(jax.nn.gelu(h, approximate=False), deterministic=deterministic, rngs=rngs)
+        h = self.drop(jax.nn.gelu(h, approximate=self.gelu == "tanh"), deterministic=deterministic, rngs=rngs)
         y = jnp.einsum("enh,ehd->end", h, self.fc2_kernel[...]) + self.fc2_bias[...][:, None]
         return jnp.swapaxes(y.reshape(experts, groups, capacity, width), 0, 1)

@@ -49,11 +49,11 @@ class MoDBlock(nnx.Module):
     """
 
     def __init__(self, width: int, heads: int, mlp_dim: int, *, capacity: float, router: str, keep_first: bool,
-                 num_tokens: int, dropout: float = 0.0, rngs: nnx.Rngs):
+                 num_tokens: int, dropout: float = 0.0, gelu: str = "exact", rngs: nnx.Rngs):
         check_choice("router", router, MOD_ROUTERS)
         mod_capacity(num_tokens, capacity)
         self.capacity, self.router_kind, self.keep_first = capacity, router, keep_first
-        self.block = EncoderBlock(width, heads, mlp_dim, dropout=dropout, rngs=rngs)
+        self.block = EncoderBlock(width, heads, mlp_dim, dropout=dropout, gelu=gelu, rngs=rngs)
         # A fresh router, initialised like the ViT's weights: near-random choices and gates near sigmoid(0) = 1/2
         # when a pretrained block is adopted -- the starting point A-MoD's Table 3 compares attention routing with.
         self.router = (nnx.Linear(width, 1, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)

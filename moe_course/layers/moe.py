@@ -75,7 +75,7 @@ def route(routing, layer, logits, token_mask=None, **noise):
     """
     num_tokens = logits.shape[1]
     capacity = routing.expert_capacity(layer.k, num_tokens, layer.capacity_ratio, layer.num_experts,
-                                       rounding=layer.capacity_rounding)
+                                       rounding=layer.capacity_rounding, multiple_of=layer.capacity_multiple_of)
     if layer.allocation == "experts_choice":
         if token_mask is not None:
             raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
@@ -122,9 +122,10 @@ class SparseMoE(nnx.Module):
     Experts choice (Zhou et al. 2022) gives every expert the same B_e = round(k*N*C/E) slots, so on average
     a token is processed by k*C experts, the compute of token choice at the same k and C.
     Raises ValueError for a batch that is not a multiple of group_size.
-    Expert parallelism: with ``mesh`` set (``moe_course.parallel.use_mesh``) to a mesh with an ``expert`` axis,
-    the experts run split over that axis and tokens reach them by all-to-all
-    (``moe_course.parallel.expert_parallel``); outputs and routing equal the one-device layer's.
+    Expert parallelism: ``moe_course.parallel.use_mesh`` sets ``mesh`` and hands the layer ``expert_apply``, the
+    function that runs the experts split over the mesh's ``expert`` axis with all-to-all
+    (``moe_course.parallel.expert_parallel``); outputs and routing equal the one-device layer's. The layer
+    itself knows nothing of meshes: with ``expert_apply`` None the experts run on one device.
 
     Non-finite values are never hidden: a token whose features or router logits hold a NaN or inf comes out
     all NaN, under every allocation and both dispatch implementations; it takes no expert buffer slot, so
@@ -142,16 +143,21 @@ class SparseMoE(nnx.Module):
                  skip_keep_fraction: float = 1.0, router_order: str = "softmax_then_topk",
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
-                 layer_name: str = "MoE layer", rngs: nnx.Rngs):
+                 layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None,
+                 rngs: nnx.Rngs):
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
+        self.capacity_multiple_of = capacity_multiple_of
         self.check_finite, self.layer_name = check_finite, layer_name
-        self.mesh = None  # a jax.sharding.Mesh with an "expert" axis: run expert-parallel (moe_course.parallel)
+        self.mesh = None  # the jax.sharding.Mesh that parallel.use_mesh put the layer on, or None
+        # expert_apply(groups, routed, layer, deterministic=, rngs=) -> outputs, or None for one device;
+        # set by moe_course.parallel.use_mesh (the layer never imports the parallel package)
+        self.expert_apply = None
         self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
-        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
+        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  token_mask: jax.Array | None = None, modality: jax.Array | None = None) -> MoEOutput:
@@ -183,12 +189,8 @@ class SparseMoE(nnx.Module):
         return vmoe_aux_loss(routing, self, logits, noisy_logits, token_mask), {}
 
     def _apply_experts(self, groups: jax.Array, routed, deterministic: bool, rngs: nnx.Rngs | None) -> jax.Array:
-        if self.mesh is not None and "expert" in self.mesh.axis_names:  # experts on several devices
-            from moe_course.parallel.expert_parallel import apply_experts_parallel
-
-            key = rngs.dropout() if (not deterministic and rngs is not None and self.experts.drop.rate > 0) else None
-            return apply_experts_parallel(groups, routed, self.experts, self.mesh, implementation=self.dispatch,
-                                          deterministic=deterministic, key=key, group_size=self.group_size)
+        if self.expert_apply is not None:  # experts on several devices
+            return self.expert_apply(groups, routed, self, deterministic=deterministic, rngs=rngs)
         expert_fn = lambda buffers: self.experts(buffers, deterministic=deterministic, rngs=rngs)
         return apply_experts(groups, routed, expert_fn, implementation=self.dispatch)
 

@@ -43,14 +43,14 @@ class SoftMoE(nnx.Module):
     """
 
     def __init__(self, width: int, hidden: int, num_experts: int, *, slots_per_expert: int = 1,
-                 expert_dropout: float = 0.0, rngs: nnx.Rngs):
+                 expert_dropout: float = 0.0, gelu: str = "exact", rngs: nnx.Rngs):
         self.num_experts, self.slots_per_expert, self.width, self.hidden = num_experts, slots_per_expert, width, hidden
         check_integers(self, ("num_experts", "slots_per_expert", "width", "hidden"), minimum=1)
         init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1)
         mu = init(rngs.params(), (width, num_experts, slots_per_expert))
         self.phi = nnx.Param(mu.reshape(width, num_experts * slots_per_expert))
         self.scale = nnx.Param(jnp.ones(()))
-        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, rngs=rngs)
+        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> MoEOutput:
         routing = soft_routing(x, self.phi[...], self.scale[...])

@@ -98,7 +98,8 @@ class LIMoE(nnx.Module):
         self.token_embed = nnx.Embed(c.vocab_size, c.width, embedding_init=init, rngs=rngs)
         self.text_pos_embed = nnx.Param(init(rngs.params(), (1, c.seq_len, c.width)))
         self.blocks = nnx.List([
-            EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self._mlp(block, rngs))
+            EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self._mlp(block, rngs),
+                         gelu=c.gelu)
             for block in range(c.depth)
         ])
         self.norm = nnx.LayerNorm(c.width, epsilon=LAYER_NORM_EPS, rngs=rngs)

@@ -31,7 +31,8 @@ class MoDViT(ViT):
         if block not in c.mod_blocks():
             return super().make_block(block, rngs)
         return MoDBlock(c.width, c.heads, c.mlp_dim, capacity=c.capacity, router=c.router,
-                        keep_first=c.pool == "cls", num_tokens=c.num_tokens, dropout=c.dropout, rngs=rngs)
+                        keep_first=c.pool == "cls", num_tokens=c.num_tokens, dropout=c.dropout, gelu=c.gelu,
+                        rngs=rngs)
 
     def __call__(self, images: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  return_attention: bool = False) -> ModelOutput:

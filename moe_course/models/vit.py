@@ -65,7 +65,8 @@ class ViT(nnx.Module):
     def make_block(self, block: int, rngs: nnx.Rngs) -> nnx.Module:
         """Encoder block number ``block`` (from 0). Subclasses (MoD) return other kinds of blocks here."""
         c = self.config
-        return EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self.make_mlp(block, rngs))
+        return EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self.make_mlp(block, rngs),
+                            gelu=c.gelu)
 
     def make_mlp(self, block: int, rngs: nnx.Rngs) -> nnx.Module | None:
         """The MLP of block ``block``: None = the dense MLP. Subclasses (V-MoE) return MoE layers here."""

@@ -21,8 +21,9 @@ def sparse_moe_settings(config: VMoEConfig, block: int) -> dict:
     return dict(k=c.k, capacity_ratio=c.capacity_ratio, group_size=c.group_size, allocation=c.allocation,
                 priority=c.priority, skip_keep_fraction=c.skip_keep_fraction, router_order=c.router_order,
                 noise_std=c.noise_std, expert_dropout=c.expert_dropout, aux_loss_weight=c.aux_loss_weight,
-                capacity_rounding=c.capacity_rounding, dispatch=c.dispatch, check_finite=c.check_finite,
-                layer_name=f"block {block} MoE")
+                capacity_rounding=c.capacity_rounding,
+                capacity_multiple_of=c.capacity_multiple_of, dispatch=c.dispatch, check_finite=c.check_finite,
+                layer_name=f"block {block} MoE", gelu=c.gelu)
 
 
 class VMoE(ViT):

@@ -25,6 +25,8 @@ the same router noise (drawn for the whole batch from the same key), the same al
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import jax
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
@@ -91,6 +93,22 @@ def apply_experts_parallel(x: jax.Array, allocation: Allocation, experts: Expert
     run = jax.shard_map(per_device, mesh=mesh, in_specs=(groups_spec, groups_spec, expert_weights, P()),
                         out_specs=groups_spec)
     return run(x, allocation, state, key if use_key else jax.random.key(0))
+
+
+@dataclass(frozen=True)
+class ExpertParallel:
+    """What ``use_mesh`` hands a ``SparseMoE`` layer as its ``expert_apply``: run the layer's experts split over
+    ``mesh``'s ``expert`` axis (``apply_experts_parallel``). Frozen and compared by mesh, so jitted functions
+    see the same static layer for the same mesh."""
+
+    mesh: Mesh
+
+    def __call__(self, groups: jax.Array, routed: Allocation, layer, *, deterministic: bool = True,
+                 rngs: nnx.Rngs | None = None) -> jax.Array:
+        dropout = not deterministic and rngs is not None and layer.experts.drop.rate > 0
+        return apply_experts_parallel(groups, routed, layer.experts, self.mesh, implementation=layer.dispatch,
+                                      deterministic=deterministic, key=rngs.dropout() if dropout else None,
+                                      group_size=layer.group_size)
 
 
 def all_to_all_elements(groups_per_device: int, num_experts: int, capacity: int, dim: int, expert_devices: int) -> int:

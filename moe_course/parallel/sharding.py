@@ -22,7 +22,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from moe_course.layers.experts import Experts
-from moe_course.parallel.mesh import EXPERT, axis_size, batch_axes
+from moe_course.layers.moe import SparseMoE
+from moe_course.parallel.expert_parallel import ExpertParallel
+from moe_course.parallel.mesh import EXPERT, axis_size, batch_axes, check_experts
 
 # Flax NNX has renamed the sharding metadata across versions ("sharding" -> "sharding_names" -> "out_sharding");
 # ``nnx.get_partition_spec`` reads whichever its version uses. We set every name it may read.
@@ -126,18 +128,25 @@ def state_shardings(tree: Any, mesh: Mesh) -> Any:
 
 
 def use_mesh(model: nnx.Module, mesh: Mesh | None) -> nnx.Module:
-    """Tell every sparse MoE layer of ``model`` to run expert-parallel on ``mesh`` (None: back to one device);
-    annotate the parameters with their partition specs. Returns ``model`` (changed in place)."""
-    from moe_course.layers.moe import SparseMoE
-
-    for _, node in nnx.iter_graph(model):
-        if isinstance(node, SparseMoE):
-            node.mesh = mesh
+    """Tell every sparse MoE layer of ``model`` to run expert-parallel on ``mesh`` (None: back to one device):
+    each gets ``mesh`` and, when the mesh has an ``expert`` axis, an ``ExpertParallel`` as its ``expert_apply``;
+    annotate the parameters with their partition specs. Returns ``model`` (changed in place).
+    Raises ValueError naming ``num_experts`` when any layer's experts (sparse or soft) do not split over the
+    expert axis (before anything is changed or placed)."""
+    if mesh is not None:  # every Experts module (SparseMoE, Soft MoE, LIMoE), leading axis E
+        for _, node in nnx.iter_graph(model):
+            if isinstance(node, Experts):
+                check_experts(node.fc1_kernel.shape[0], axis_size(mesh, EXPERT))
+    layers = [node for _, node in nnx.iter_graph(model) if isinstance(node, SparseMoE)]
+    expert_apply = ExpertParallel(mesh) if mesh is not None and EXPERT in mesh.axis_names else None
+    for layer in layers:
+        layer.mesh, layer.expert_apply = mesh, expert_apply
     return annotate(model, mesh) if mesh is not None else model
 
 
 def shard_model(model: nnx.Module, mesh: Mesh) -> nnx.Module:
-    """``use_mesh`` and then place every array of ``model`` on ``mesh`` by the rules (in place; returns it)."""
+    """``use_mesh`` and then place every array of ``model`` on ``mesh`` by the rules (in place; returns it).
+    Raises ValueError naming ``num_experts`` when the experts do not split over the mesh's expert axis."""
     use_mesh(model, mesh)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     params = put_tree(params, named_shardings(param_partition_specs(model, mesh), mesh))

@@ -97,6 +97,8 @@ _BLOCK_MODULES = (
 # The order each transformers layout lists a block's modules in (indices into _BLOCK_MODULES), so that
 # exported state dicts list their keys as transformers' own state_dict() does.
 _BLOCK_ORDER = {"modular": (1, 2, 3, 4, 0, 5, 6, 7), "legacy": (1, 2, 3, 4, 6, 7, 0, 5)}
+# our ViTConfig.gelu -> transformers hidden_act
+HF_GELU = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 _BLOCK_PREFIX = {"modular": "layers.{i}.", "legacy": "encoder.layer.{i}."}
 
 
@@ -122,8 +124,8 @@ def hf_config_from_vit(config: ViTConfig) -> "transformers.ViTConfig":
     """The transformers ``ViTConfig`` describing the same architecture as ``config``.
 
     hidden_size=width, num_hidden_layers=depth, num_attention_heads=heads, intermediate_size=mlp_dim,
-    image_size, patch_size, num_channels=channels, num_labels=num_classes, hidden_act="gelu" (exact erf
-    GELU, as ours), layer_norm_eps=1e-6 (our LAYER_NORM_EPS), qkv_bias=True, both dropout probabilities 0
+    image_size, patch_size, num_channels=channels, num_labels=num_classes, hidden_act "gelu" (exact erf
+    GELU) or "gelu_pytorch_tanh" by ``config.gelu``, layer_norm_eps=1e-6 (our LAYER_NORM_EPS), qkv_bias=True, both dropout probabilities 0
     (the export is for inference; ``config.dropout`` is not carried across).
     Raises ValueError (naming the field) for an invalid config or one transformers' ViT cannot express:
     pool other than "cls" (it always pools the class token), representation_size set (its classifier sits
@@ -138,7 +140,7 @@ def hf_config_from_vit(config: ViTConfig) -> "transformers.ViTConfig":
         num_hidden_layers=config.depth,
         num_attention_heads=config.heads,
         intermediate_size=config.mlp_dim,
-        hidden_act="gelu",
+        hidden_act=HF_GELU[config.gelu],
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
         layer_norm_eps=LAYER_NORM_EPS,
@@ -168,7 +170,7 @@ def vit_config_from_hf(hf_config: Any, *, name: str | None = None, dropout: floa
     "custom". dropout: our training dropout (transformers' dropout probabilities are not carried across).
     Pool is "cls" and representation_size None, as in ViTForImageClassification.
     Raises ValueError naming the field for what our ViT cannot express: model_type other than "vit",
-    hidden_act other than "gelu", non-square image_size or patch_size, qkv_bias=False, a head_dim other
+    hidden_act other than "gelu" / "gelu_pytorch_tanh", non-square image_size or patch_size, qkv_bias=False, a head_dim other
     than hidden_size // num_attention_heads, layer_norm_eps above 1e-5 (ours is fixed at 1e-6), and for
     whatever ViTConfig.validate rejects (e.g. patch_size not dividing image_size, num_labels < 1).
     Does not import transformers: any object with those attributes works.
@@ -177,8 +179,10 @@ def vit_config_from_hf(hf_config: Any, *, name: str | None = None, dropout: floa
     if model_type != "vit":
         raise ValueError(f"model_type={model_type!r} is not supported; only transformers' 'vit' converts")
     act = getattr(hf_config, "hidden_act", "gelu")
-    if act != "gelu":
-        raise ValueError(f"hidden_act={act!r} is not supported; our ViT uses the exact erf GELU ('gelu')")
+    gelu = {theirs: ours for ours, theirs in HF_GELU.items()}.get(act)
+    if gelu is None:
+        raise ValueError(f"hidden_act={act!r} is not supported; use one of {sorted(HF_GELU.values())} "
+                         f"(our ViT's exact erf GELU or its tanh approximation)")
     if not getattr(hf_config, "qkv_bias", True):
         raise ValueError("qkv_bias=False is not supported; our attention projections always have biases")
     width, heads = hf_config.hidden_size, hf_config.num_attention_heads
@@ -209,6 +213,7 @@ def vit_config_from_hf(hf_config: Any, *, name: str | None = None, dropout: floa
         pool="cls",
         representation_size=None,
         dropout=dropout,
+        gelu=gelu,
     ).validate()
 
 

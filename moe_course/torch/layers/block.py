@@ -18,12 +18,12 @@ class EncoderBlock(torch.nn.Module):
     """
 
     def __init__(self, width: int, heads: int, mlp_dim: int, *, dropout: float = 0.0,
-                 mlp: torch.nn.Module | None = None):
+                 mlp: torch.nn.Module | None = None, gelu: str = "exact"):
         super().__init__()
         self.norm1 = torch.nn.LayerNorm(width, eps=LAYER_NORM_EPS)
         self.attn = MultiHeadAttention(width, heads)
         self.norm2 = torch.nn.LayerNorm(width, eps=LAYER_NORM_EPS)
-        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim)
+        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim, gelu=gelu)
         self.drop = torch.nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None, return_attention: bool = False):

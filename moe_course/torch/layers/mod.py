@@ -36,12 +36,12 @@ class MoDBlock(torch.nn.Module):
     """
 
     def __init__(self, width: int, heads: int, mlp_dim: int, *, capacity: float, router: str, keep_first: bool,
-                 num_tokens: int, dropout: float = 0.0):
+                 num_tokens: int, dropout: float = 0.0, gelu: str = "exact"):
         super().__init__()
         check_choice("router", router, MOD_ROUTERS)
         mod_capacity(num_tokens, capacity)
         self.capacity, self.router_kind, self.keep_first = capacity, router, keep_first
-        self.block = EncoderBlock(width, heads, mlp_dim, dropout=dropout)
+        self.block = EncoderBlock(width, heads, mlp_dim, dropout=dropout, gelu=gelu)
         self.router = None
         if router == "standard":
             self.router = linear(width, 1, bias=False)

@@ -36,16 +36,17 @@ class SparseMoE(torch.nn.Module):
                  skip_keep_fraction: float = 1.0, router_order: str = "softmax_then_topk",
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
-                 layer_name: str = "MoE layer"):
+                 layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None):
         super().__init__()
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
+        self.capacity_multiple_of = capacity_multiple_of
         self.check_finite, self.layer_name = check_finite, layer_name
         self.router = linear(width, num_experts, bias=False)
-        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout)
+        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu)
 
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None,
                 noise: torch.Tensor | None = None) -> MoEOutput:

@@ -24,14 +24,14 @@ class SoftMoE(torch.nn.Module):
     """
 
     def __init__(self, width: int, hidden: int, num_experts: int, *, slots_per_expert: int = 1,
-                 expert_dropout: float = 0.0):
+                 expert_dropout: float = 0.0, gelu: str = "exact"):
         super().__init__()
         self.num_experts, self.slots_per_expert, self.width, self.hidden = num_experts, slots_per_expert, width, hidden
         check_integers(self, ("num_experts", "slots_per_expert", "width", "hidden"), minimum=1)
         self.phi = torch.nn.Parameter(lecun_normal_(torch.empty(width, num_experts * slots_per_expert),
                                                        num_experts * width))
         self.scale = torch.nn.Parameter(torch.ones(()))
-        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout)
+        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu)
 
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> MoEOutput:
         """x: (batch, tokens, width) -> MoEOutput (output of x's shape, zero aux loss, SoftRoutingRecord);

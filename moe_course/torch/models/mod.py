@@ -24,7 +24,7 @@ class MoDViT(ViT):
         if block not in c.mod_blocks():
             return super().make_block(block)
         return MoDBlock(c.width, c.heads, c.mlp_dim, capacity=c.capacity, router=c.router,
-                        keep_first=c.pool == "cls", num_tokens=c.num_tokens, dropout=c.dropout)
+                        keep_first=c.pool == "cls", num_tokens=c.num_tokens, dropout=c.dropout, gelu=c.gelu)
 
     def forward(self, images: torch.Tensor, *, generator: torch.Generator | None = None,
                 return_attention: bool = False) -> ModelOutput:

@@ -22,7 +22,7 @@ class SoftMoEViT(VMoE):
         if c.router == "sparse" or block not in c.moe_blocks():
             return super().make_mlp(block)
         return SoftMoE(c.width, c.mlp_dim, c.num_experts, slots_per_expert=c.slots_per_expert,
-                       expert_dropout=c.expert_dropout)
+                       expert_dropout=c.expert_dropout, gelu=c.gelu)
 
     def moe_layers(self) -> list:
         """The SoftMoE layers in block order (the SparseMoE layers when ``config.router == "sparse"``)."""

@@ -56,7 +56,7 @@ class ViT(torch.nn.Module):
     def make_block(self, block: int) -> torch.nn.Module:
         """Encoder block number ``block`` (from 0); MoD returns other kinds of blocks here."""
         c = self.config
-        return EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, mlp=self.make_mlp(block))
+        return EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, mlp=self.make_mlp(block), gelu=c.gelu)
 
     def make_mlp(self, block: int) -> torch.nn.Module | None:
         """The MLP of block ``block``: None = the dense MLP; V-MoE returns MoE layers here."""

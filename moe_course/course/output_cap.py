@@ -1,0 +1,42 @@
+"""A cap on what a grading kernel may send back: nbgrader's cell executor, counting every output's bytes.
+
+It runs in the grading worker, outside the sandbox, so nothing a submission does can lift it. A notebook
+whose outputs (printed text, displays, results, errors) pass ``Limits.output_bytes`` is stopped there:
+``OutputLimitError`` ends that submission's grading with status "failed" and that reason, and its kernel is
+shut down by nbclient as for any other failure.
+"""
+
+from __future__ import annotations
+
+import json
+
+from nbgrader.preprocessors import Execute
+from traitlets import Integer
+
+OUTPUT_TYPES = ("stream", "display_data", "update_display_data", "execute_result", "error")
+
+
+class OutputLimitError(RuntimeError):
+    """The submission's outputs passed the cap (message: how many bytes it allows)."""
+
+
+class CappedExecute(Execute):
+    """nbgrader's ``Execute`` that counts the bytes of every output message and raises ``OutputLimitError``
+    once their sum passes ``output_bytes``."""
+
+    output_bytes = Integer(16 * 2**20, help="bytes of output a whole notebook may send").tag(config=True)
+
+    def preprocess(self, nb, resources=None, km=None):
+        """Execute notebook ``nb`` as nbgrader's ``Execute`` does, counting its output from zero."""
+        self._sent = 0
+        return super().preprocess(nb, resources, km)
+
+    def process_message(self, msg, cell, cell_index):
+        """nbclient's handling of one kernel message, after adding its output's size (bytes of its JSON
+        content) to the notebook's total; raises ``OutputLimitError`` past ``output_bytes``."""
+        if msg.get("msg_type") in OUTPUT_TYPES:
+            self._sent += len(json.dumps(msg.get("content", {}), ensure_ascii=False))
+            if self._sent > self.output_bytes:
+                raise OutputLimitError(f"the notebook's output passed the limit of {self.output_bytes} bytes "
+                                       f"(--max-output-mb); grading stopped at cell {cell_index}")
+        return super().process_message(msg, cell, cell_index)

@@ -1,0 +1,180 @@
+"""Our models on the reference code's checkpoints give the reference code's logits and routing.
+
+The fixtures in tests/fixtures/reference were made by tools/make_reference_fixtures.py from checkouts of
+google-research/vmoe (its ``VisionTransformerMoe``, router, einsum dispatcher and experts, float32 dispatch)
+and google-research/big_vision (its ViT); neither is needed here. Each case: the checkpoint in the
+reference's own format, the images, the reference logits and, for vmoe, which (token, expert) pairs each MoE
+layer served and with what combine weight.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moe_course.reference import (
+    read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_from_checkpoint,
+)
+from moe_course.reference.names import seeded_parameters
+
+pytestmark = pytest.mark.filterwarnings("ignore::moe_course.routing.CapacityRoundingWarning")  # vmoe's rounding
+
+FIXTURES = Path(__file__).parent / "fixtures" / "reference"
+TOLERANCE = 2e-4  # float32, different op order (einsum vs gather dispatch, fused attention)
+
+
+def outputs(case: str) -> dict[str, np.ndarray]:
+    with np.load(FIXTURES / f"{case}.outputs.npz") as data:
+        return {name: data[name] for name in data.files}
+
+
+def served_pairs(record, num_experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """Our RoutingRecord -> ((groups, tokens, experts) bool: served (token, expert) pairs, their gates)."""
+    index, served, gates = (np.asarray(a) for a in (record.expert_index, record.served, record.gates))
+    mask = np.zeros(index.shape[:2] + (num_experts,), bool)
+    weight = np.zeros(mask.shape, np.float32)
+    g, t, c = np.nonzero(served)
+    mask[g, t, index[g, t, c]] = True
+    weight[g, t, index[g, t, c]] = gates[g, t, c]
+    return mask, weight
+
+
+def assert_vmoe_equal(model, reference: dict) -> None:
+    out = model(jnp.asarray(reference["images"]))
+    difference = float(np.max(np.abs(np.asarray(out.logits) - reference["logits"])))
+    assert difference < TOLERANCE * max(1.0, float(np.abs(reference["logits"]).max())), difference
+    blocks = model.config.moe_blocks()
+    assert len(out.routing) == len(blocks)
+    dropped = []
+    for block, record in zip(blocks, out.routing):
+        mask, gates = served_pairs(record, model.config.num_experts)
+        np.testing.assert_array_equal(mask, reference[f"served_{block}"], err_msg=f"block {block} routing")
+        np.testing.assert_allclose(gates, reference[f"gates_{block}"], atol=1e-5, err_msg=f"block {block} gates")
+        dropped.append(1 - float(np.asarray(record.served).mean()))
+    assert max(dropped) > 0, "the cases are chosen so that the capacity drops tokens"
+
+
+@pytest.mark.parametrize("case, pool", [("bv_tok", "cls"), ("bv_gap_scan", "gap")])
+def test_big_vision_vit_logits(case, pool):
+    reference = outputs(case)
+    model = vit_from_big_vision(FIXTURES / f"{case}.npz")
+    assert (model.config.pool, model.config.gelu) == (pool, "tanh")
+    logits = np.asarray(model(jnp.asarray(reference["images"])).logits)
+    assert np.max(np.abs(logits - reference["logits"])) < TOLERANCE
+    if "images_resized" in reference:  # big_vision's resample_posemb at 24 px against our resize
+        size = reference["images_resized"].shape[1]
+        resized = vit_from_big_vision(FIXTURES / f"{case}.npz", image_size=size)
+        logits = np.asarray(resized(jnp.asarray(reference["images_resized"])).logits)
+        assert np.max(np.abs(logits - reference["logits_resized"])) < TOLERANCE
+
+
+@pytest.mark.parametrize("case", ["vmoe_small_bpr", "vmoe_small_vanilla_k1", "vmoe_small_gap_round"])
+def test_vmoe_logits_and_routing(case):
+    model_config = json.loads((FIXTURES / f"{case}.model.json").read_text())
+    model = vmoe_from_checkpoint(FIXTURES / case, model_config)
+    dispatcher = model_config["encoder"]["moe"]["router"]["dispatcher"]
+    assert model.config.allocation == ("bpr" if dispatcher["batch_priority"] else "vanilla")
+    assert model.config.capacity_ratio == dispatcher["capacity_factor"]
+    assert_vmoe_equal(model, outputs(case))
+
+
+@pytest.mark.parametrize("case", ["vmoe_s32_every2", "vmoe_s32_last2"])
+def test_vmoe_paper_size_logits_and_routing(case):
+    """V-MoE S/32 with 32 experts at 224 px, weights regenerated from their names (too large to store)."""
+    shapes = json.loads((FIXTURES / f"{case}.shapes.json").read_text())
+    model_config = json.loads((FIXTURES / f"{case}.model.json").read_text())
+    model = vmoe_from_checkpoint(seeded_parameters(shapes, seed=0), model_config)
+    assert (model.config.width, model.config.depth, model.config.num_experts, model.config.k) == (512, 8, 32, 2)
+    assert_vmoe_equal(model, outputs(case))
+
+
+def test_first_misfit_is_named(tmp_path):
+    arrays = read_vmoe_checkpoint(FIXTURES / "vmoe_small_bpr")
+    model_config = json.loads((FIXTURES / "vmoe_small_bpr.model.json").read_text())
+    name = "Encoder/encoderblock_1/Moe/Mlp/Dense_0/bias"
+    with pytest.raises(ValueError, match=f"parameter '{name}' is missing"):
+        vmoe_from_checkpoint({k: v for k, v in arrays.items() if k != name}, model_config)
+    with pytest.raises(ValueError, match=rf"parameter '{name}' has shape \(4, 65\), but our "
+                                         rf"blocks.1.mlp.experts.fc1_bias needs \(4, 64\)"):
+        vmoe_from_checkpoint({**arrays, name: np.zeros((4, 65), np.float32)}, model_config)
+    with pytest.raises(ValueError, match="unexpected parameter 'Encoder/extra' of shape \\(3,\\)"):
+        vmoe_from_checkpoint({**arrays, "Encoder/extra": np.zeros(3, np.float32)}, model_config)
+    with pytest.raises(ValueError, match="dispatcher.batch_priority is missing"):
+        del model_config["encoder"]["moe"]["router"]["dispatcher"]["batch_priority"]
+        vmoe_from_checkpoint(arrays, model_config)
+
+
+def test_position_embeddings_resize_keeps_the_class_entry():
+    posemb = np.random.default_rng(0).normal(size=(1, 1 + 16, 3)).astype(np.float32)
+    resized = resize_position_embeddings(posemb, 36, class_token=True)
+    assert resized.shape == (1, 37, 3)
+    np.testing.assert_array_equal(resized[:, 0], posemb[:, 0])
+    assert np.array_equal(resize_position_embeddings(posemb, 16, class_token=True), posemb)
+    grid_only = resize_position_embeddings(posemb[:, 1:], 16, class_token=True)  # big_vision: no class entry
+    assert np.array_equal(grid_only[:, 0], np.zeros((1, 3))) and np.array_equal(grid_only[:, 1:], posemb[:, 1:])
+    with pytest.raises(ValueError, match="neither a square grid"):
+        resize_position_embeddings(posemb[:, :7], 16, class_token=True)
+
+
+def test_cli_evaluates_a_vmoe_checkpoint_on_an_image_folder(tmp_path, capsys):
+    """`moe-course evaluate --checkpoint` on a 7-class folder of 16 px images: the accuracy is that of our
+    converted model on the same images scaled to [-1, 1]; bad flags are one line (exit 2)."""
+    from PIL import Image
+
+    from moe_course.cli import main
+    from moe_course.data import load_dataset
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label in range(7):
+            folder = tmp_path / "data" / split / f"class{label}"
+            folder.mkdir(parents=True)
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(folder / "0.png")
+    prefix, config = FIXTURES / "vmoe_small_bpr", FIXTURES / "vmoe_small_bpr.model.json"
+    common = ["evaluate", "--checkpoint", str(prefix), "--dataset", "imagefolder", "--data-dir",
+              str(tmp_path / "data"), "--split", "val", "--batch-size", "8"]
+    # C = 4 serves every token, so each image's logits do not depend on its batch mates or the eval order
+    assert main(common + ["--format", "vmoe", "--model-config", str(config), "--capacity-ratio", "4"]) == 0
+    summary = dict(line.split(": ", 1) for line in capsys.readouterr().out.strip().splitlines())
+    model = vmoe_from_checkpoint(prefix, json.loads(config.read_text()))
+    images = load_dataset("imagefolder", tmp_path / "data", image_size=16).get("val", np.arange(7))
+    predictions = np.asarray(model(jnp.asarray(np.concatenate([images["image"] * 2 - 1] * 2)[:8])).logits)
+    accuracy = float(np.mean(predictions[:7].argmax(-1) == images["label"]))
+    assert float(summary["val_accuracy"]) == round(accuracy, 4)
+    assert (summary["capacity_ratio"], summary["format"]) == ("4.0", "vmoe")
+    assert main(common) == 2
+    assert capsys.readouterr().err.strip().endswith("--checkpoint needs --format (vmoe or big_vision)")
+
+
+def test_on_to_pytorch_through_the_twins():
+    """The converted V-MoE's PyTorch twin (``to_torch``) gives vmoe's logits and routing too."""
+    torch = pytest.importorskip("torch")
+    from moe_course.torch.convert import to_torch
+
+    reference = outputs("vmoe_small_bpr")
+    model = vmoe_from_checkpoint(FIXTURES / "vmoe_small_bpr",
+                                 json.loads((FIXTURES / "vmoe_small_bpr.model.json").read_text()))
+    with torch.no_grad():
+        out = to_torch(model)(torch.from_numpy(reference["images"]).permute(0, 3, 1, 2))
+    assert np.max(np.abs(out.logits.numpy() - reference["logits"])) < TOLERANCE
+    for block, record in zip(model.config.moe_blocks(), out.routing):
+        mask, _ = served_pairs(record, model.config.num_experts)
+        np.testing.assert_array_equal(mask, reference[f"served_{block}"])
+
+
+def test_vmoe_soft_moe_logits_and_weights():
+    """vmoe's Soft MoE (its SoftRouter, float32 dispatch) -> our SoftMoEViT: logits and every layer's dispatch
+    and combine weights."""
+    model_config = json.loads((FIXTURES / "vmoe_small_soft.model.json").read_text())
+    model = vmoe_from_checkpoint(FIXTURES / "vmoe_small_soft", model_config)
+    reference = outputs("vmoe_small_soft")
+    assert (type(model).__name__, model.config.num_slots) == ("SoftMoEViT", 8)
+    out = model(jnp.asarray(reference["images"]))
+    assert np.max(np.abs(np.asarray(out.logits) - reference["logits"])) < TOLERANCE
+    for block, record in zip(model.config.moe_blocks(), out.routing):
+        np.testing.assert_allclose(record.dispatch_weights, reference[f"dispatch_{block}"], atol=1e-5)
+        np.testing.assert_allclose(record.combine_weights, reference[f"combine_{block}"], atol=1e-5)

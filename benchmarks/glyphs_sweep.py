@@ -29,6 +29,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--capacity-ratio", type=float, default=1.05)
+    p.add_argument("--digit-size", type=int, nargs=2, default=(14, 22), help="min and max digit side in pixels")
+    p.add_argument("--max-strokes", type=int, default=5, help="clutter strokes per canvas: 2 (or fewer) to this")
     p.add_argument("--out", default=None, help="append the JSON line to this file")
     return p.parse_args(argv)
 
@@ -47,7 +49,8 @@ def main(argv=None) -> dict:
 
     print(f"device: {jax.devices()[0].device_kind}")
     data = ClutteredDigits(DigitsConfig(task="glyph", glyphs_per_class=(args.glyphs_per_digit, 1, 1),
-                                        seed=args.seed))
+                                        seed=args.seed, digit_size=tuple(args.digit_size),
+                                        strokes=(min(2, args.max_strokes), args.max_strokes)))
     backbone = dict(name=f"glyphs-{args.kind}", image_size=32, patch_size=args.patch, channels=1, width=args.width,
                     depth=args.depth, heads=args.heads, mlp_dim=args.mlp, num_classes=data.num_classes, pool="gap")
     moe = dict(num_experts=args.experts, k=args.k, capacity_ratio=args.capacity_ratio, group_size=args.group,

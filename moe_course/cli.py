@@ -185,17 +185,21 @@ def _adapted_model(init_from: str, model_config):
 
 def _add_data_args(parser: argparse.ArgumentParser, datasets) -> None:
     parser.add_argument("--dataset", default=None, choices=datasets,
-                        help="default: the embedded digits (digits-captions, with captions, for limoe)")
+                        help="default: the embedded digits (digits-captions, with captions, for limoe; digit-glyphs "
+                             "for the glyphs-* presets)")
     parser.add_argument("--data-dir", default=None, help="archive or folder of a full-scale dataset")
 
 
 def _dataset_name(args, model_config) -> str:
-    """--dataset, or the embedded digits for the model: with captions for an image-text (LIMoE) model."""
+    """--dataset, or the embedded data for the model: with captions for an image-text (LIMoE) model, glyph
+    identities for the "glyphs-" presets."""
     from moe_course.train.objectives import CONTRASTIVE, objective_for
 
     if args.dataset is not None:
         return args.dataset
-    return "digits-captions" if objective_for(model_config) is CONTRASTIVE else "digits"
+    if objective_for(model_config) is CONTRASTIVE:
+        return "digits-captions"
+    return "digit-glyphs" if model_config.name.startswith("glyphs-") else "digits"
 
 
 def _test_metrics(model, dataset, split: str, batch_size: int) -> dict:

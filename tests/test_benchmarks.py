@@ -1,5 +1,6 @@
 """The benchmark scripts run at tiny sizes and print their comparison tables (no timing is checked)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,16 @@ def test_torch_vs_jax_benchmark():
     for layer in ("SparseMoE", "SoftMoE", "MoD"):
         row = _row(out, "torch/jax", layer)
         assert all(_is_number(field) for field in row[-3:]), row
+
+
+@pytest.mark.parametrize("kind", ["dense", "soft"])
+def test_glyphs_sweep_trains_and_reports_one_json_line(kind, tmp_path):
+    out = _run("glyphs_sweep.py", kind, "--width", "16", "--mlp", "16", "--heads", "2", "--experts", "4",
+               "--steps", "3", "--batch", "8", "--glyphs-per-digit", "2", "--out", str(tmp_path / "rows.jsonl"),
+               timeout=300)
+    row = json.loads(out.splitlines()[-1])
+    assert row["kind"] == kind and row["steps"] == 3 and row["flops"] > 0 and 0 <= row["test_accuracy"] <= 1
+    assert json.loads((tmp_path / "rows.jsonl").read_text()) == row
 
 
 def test_peers_benchmark():

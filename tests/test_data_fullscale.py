@@ -23,6 +23,7 @@ from moe_course.data import (
     load_dataset,
     train_batches,
 )
+from moe_course.data.registry import GLYPHS_PER_DIGIT
 
 # ----------------------------------------------------------------------------------------------- fake CIFAR
 
@@ -405,9 +406,12 @@ def test_image_folder_corrupt_image_fails_when_read(tmp_path):
 
 
 def test_registry(tmp_path):
-    assert DATASETS == ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions")
+    assert DATASETS == ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions",
+                        "digit-glyphs")
     digits = load_dataset("digits", image_size=40, seed=3)
     assert isinstance(digits, ClutteredDigits) and digits.image_shape == (40, 40, 1) and digits.config.seed == 3
+    glyphs = load_dataset("digit-glyphs", seed=3)
+    assert glyphs.config.task == "glyph" and glyphs.num_classes == 10 * GLYPHS_PER_DIGIT == glyphs.split_size("train")
 
     path, _ = fake_cifar(tmp_path, "cifar10", n_batches=1, per_batch=5003)  # the default val holds 5000
     cifar = load_dataset("cifar10", str(path))

@@ -93,7 +93,8 @@ def test_eval_batches_cover_split_once(small_digits):
 @pytest.mark.parametrize(
     "overrides, field",
     [({"image_size": 8}, "image_size"), ({"digit_size": (10, 40)}, "digit_size"), ({"noise": -1.0}, "noise"),
-     ({"glyphs_per_class": (100, 50, 50)}, "glyphs_per_class"), ({"eval_copies": 0}, "eval_copies")],
+     ({"glyphs_per_class": (100, 50, 50)}, "glyphs_per_class"), ({"eval_copies": 0}, "eval_copies"),
+     ({"task": "writer"}, "task")],
 )
 def test_bad_config_names_field(overrides, field):
     with pytest.raises(ValueError, match=field):
@@ -115,3 +116,20 @@ def test_eval_batches_in_a_fixed_shuffled_order(small_digits):
     np.testing.assert_array_equal(first, again)
     assert len(first) == n and not np.array_equal(first, in_order)
     np.testing.assert_array_equal(np.sort(first), np.sort(in_order))
+
+
+def test_glyph_task_one_class_per_source_glyph_every_split_draws_the_same_glyphs_afresh():
+    glyphs = ClutteredDigits(DigitsConfig(task="glyph", glyphs_per_class=(3, 1, 1), eval_copies=2))
+    digits = ClutteredDigits(DigitsConfig(glyphs_per_class=(3, 1, 1)))
+    assert glyphs.num_classes == 30 and glyphs.name == "digit-glyphs" and digits.num_classes == 10
+    assert glyphs.class_names[:4] == ("zero #0", "zero #1", "zero #2", "one #0")
+    for split in ("train", "val", "test"):  # the training glyphs of the digit task, in every split
+        np.testing.assert_array_equal(glyphs.glyph_ids(split), digits.glyph_ids("train"))
+    assert glyphs.split_size("train") == 30 and glyphs.split_size("test") == 60
+    train, test = (glyphs.get(s, np.arange(glyphs.split_size(s))) for s in ("train", "test"))
+    np.testing.assert_array_equal(train["label"], np.arange(30))
+    np.testing.assert_array_equal(test["label"], np.tile(np.arange(30), 2))  # eval_copies canvases per glyph
+    # the same glyph, a different canvas: test draws are not training draws
+    assert np.abs(train["image"] - test["image"][:30]).mean() > 0.05
+    # a canvas's class is its glyph: the digit task's label of that canvas is the glyph's digit
+    np.testing.assert_array_equal(digits.get("train", np.arange(30))["label"], train["label"] // 3)

@@ -78,3 +78,22 @@ def test_one_tower_pair_hand_count():
     assert flops_breakdown(dense) == {**expected, "mlp": 2 * 4 * 8 * 8 * 16, "moe": 0}
     # C = 1, k = 1: the experts do one dense MLP's work, so the two differ only by the router and the combine.
     assert flops_per_image(limoe) - flops_per_image(dense) == 2 * 8 * 8 * 2 + 2 * 8 * 8
+
+
+def test_glyphs_presets_share_one_backbone_at_equal_forward_flops():
+    """The parameter-bound regime compares four models that differ only in their MoE blocks' MLPs, at the dense
+    model's forward FLOPs (within 5%: the routers and, for Soft MoE, dispatch and combine)."""
+    import argparse
+
+    from moe_course.cli import _dataset_name
+
+    dense = get_preset("vit", "glyphs-tiny")
+    models = [get_preset("vmoe", "glyphs-tiny-moe"), get_preset("vmoe", "glyphs-tiny-ec"),
+              get_preset("soft-moe", "glyphs-tiny-soft")]
+    assert [m.allocation for m in models[:2]] == ["bpr", "experts_choice"] and models[2].router == "soft"
+    for model in models:
+        assert backbone_of(model).replace(name=dense.name) == dense
+        assert 1.0 < flops_per_image(model) / flops_per_image(dense) < 1.05
+        assert model.num_experts == 16 and model.moe_blocks() == (1, 3)
+        assert _dataset_name(argparse.Namespace(dataset=None), model) == "digit-glyphs"
+    assert _dataset_name(argparse.Namespace(dataset=None), get_preset("vit", "digits-tiny")) == "digits"

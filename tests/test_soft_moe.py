@@ -59,6 +59,16 @@ def test_layer_record_and_init():
     assert float(out.routing.dispatch_weights.max() / out.routing.dispatch_weights.min()) <= np.exp(2) + 1e-4
 
 
+@pytest.mark.parametrize("width, experts, slots", [(64, 8, 4), (32, 64, 1)])
+def test_phi_is_drawn_as_vmoes_mu_with_fan_in_experts_times_width(width, experts, slots):
+    """vmoe draws mu (width, experts, slots) lecun-normal: fan-in experts * width, not width (SPEC section 4)."""
+    layer = SoftMoE(width, 8, experts, slots_per_expert=slots, rngs=nnx.Rngs(params=3))
+    mu = nnx.initializers.lecun_normal()(nnx.Rngs(params=3).params(), (width, experts, slots))
+    np.testing.assert_array_equal(np.asarray(layer.phi[...]), np.asarray(mu).reshape(width, experts * slots))
+    std = float(np.std(np.asarray(layer.phi[...])))
+    assert abs(std * np.sqrt(experts * width) - 1.0) < 0.1, std  # fan-in width would give sqrt(experts) times this
+
+
 def _with_random_head(model):
     """The head starts at zero (all logits 0); give it random weights so the logits show the features."""
     model.head.kernel[...] = jax.random.normal(jax.random.key(9), model.head.kernel.shape)

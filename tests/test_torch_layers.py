@@ -130,6 +130,13 @@ def test_soft_moe(slots_per_expert):
     assert_param_grads(ours, grads[0], twin)
 
 
+def test_soft_moe_phi_has_vmoes_fan_in():
+    """A fresh twin draws phi with the JAX layer's spread: fan-in num_experts * width, as vmoe's mu."""
+    torch.manual_seed(0)
+    phi = tl.SoftMoE(64, 8, 32, slots_per_expert=4).phi.detach().numpy()
+    assert abs(phi.std() * np.sqrt(32 * 64) - 1.0) < 0.1, phi.std()
+
+
 @pytest.mark.parametrize("router,capacity,keep_first", [("standard", 0.5, False), ("standard", 0.25, True),
                                                          ("attention", 0.5, True), ("attention", 0.125, False)])
 def test_mod_block(router, capacity, keep_first):

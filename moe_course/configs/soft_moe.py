@@ -17,10 +17,11 @@ pre-trains on JFT-4B, whose head we do not reproduce).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from moe_course.checks import check_integers
-from moe_course.configs.vmoe import VMoEConfig
+from moe_course.configs.vit import GLYPHS_TINY
+from moe_course.configs.vmoe import GLYPHS_MOE, VMoEConfig
 
 ROUTERS = ("soft", "sparse")
 SOFT_MOE_EXPERTS = 128
@@ -75,5 +76,9 @@ SOFT_MOE_PRESETS: dict[str, SoftMoEConfig] = {
             name="digits-tiny-soft", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4,
             mlp_dim=128, num_classes=10, pool="gap", num_experts=16, slots_per_expert=1, group_size=1,
         ),
+        # The parameter-bound regime on digit-glyphs: glyphs-tiny's backbone, Soft MoE where glyphs-tiny-moe has
+        # its MoE layers, 16 experts of one slot -- 16 slots for 16 tokens, the dense model's FLOPs.
+        SoftMoEConfig(**{**asdict(GLYPHS_TINY), "name": "glyphs-tiny-soft"},
+                      **{**GLYPHS_MOE, "group_size": 1}, slots_per_expert=1),
     ]
 }

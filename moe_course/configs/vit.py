@@ -97,6 +97,14 @@ def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int) 
     )
 
 
+# The parameter-bound CPU regime (README, "Where experts pay"): which of the source glyphs is on the canvas
+# (``load_dataset("digit-glyphs")``, one class per glyph). digits-tiny's backbone; the V-MoE, Experts Choice and
+# Soft MoE presets "glyphs-tiny-*" differ from it only in the MLPs of the MoE blocks, at equal forward FLOPs.
+GLYPHS_TINY = ViTConfig(
+    name="glyphs-tiny", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4, mlp_dim=128,
+    num_classes=300, pool="gap",
+)
+
 _SIZES = {"s": (8, 8, 512, 2048), "b": (12, 12, 768, 3072), "l": (24, 16, 1024, 4096), "h": (32, 16, 1280, 5120)}
 
 VIT_PRESETS: dict[str, ViTConfig] = {
@@ -112,6 +120,7 @@ VIT_PRESETS: dict[str, ViTConfig] = {
             name="digits-tiny", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4,
             mlp_dim=128, num_classes=10, pool="gap",
         ),
+        GLYPHS_TINY,
         ViTConfig(
             name="digits-small", image_size=32, patch_size=4, channels=1, width=96, depth=6, heads=4,
             mlp_dim=192, num_classes=10, pool="gap",

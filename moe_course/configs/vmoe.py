@@ -11,11 +11,11 @@ those settings and their Table 7 parameter counts.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from moe_course.checks import check_flag, check_integers, check_number
-from moe_course.configs.vit import JFT_CLASSES, ViTConfig
+from moe_course.configs.vit import GLYPHS_TINY, JFT_CLASSES, ViTConfig
 from moe_course.routing.capacity import ROUNDINGS, expert_capacity
 
 PLACEMENTS = ("every-2", "last-n", "second-half")
@@ -133,6 +133,8 @@ VMOE_TABLE_7_PARAMS = {
     "vmoe-l/16-last-2": 843.6, "vmoe-l/16-every-2": 3446.0,
     "vmoe-h/14-last-5": 2688.6, "vmoe-h/14-every-2": 7160.8,
 }
+GLYPHS_MOE = dict(num_experts=16, k=1, capacity_ratio=1.05, placement="last-n", moe_last_n=2, group_size=8)
+
 _SIZES = {"s": (8, 8, 512, 2048), "b": (12, 12, 768, 3072), "l": (24, 16, 1024, 4096), "h": (32, 16, 1280, 5120)}
 
 
@@ -150,6 +152,12 @@ VMOE_PRESETS: dict[str, VMoEConfig] = {
         name="digits-tiny-moe", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4, mlp_dim=128,
         num_classes=10, pool="gap", num_experts=8, k=2, capacity_ratio=1.05, placement="every-2", group_size=8,
     ),
+    # The parameter-bound regime on digit-glyphs (configs/vit.py, GLYPHS_TINY): 16 experts in blocks 1 and 3,
+    # k = 1, so each token costs one expert MLP as in the dense model: Tokens Choice with BPR, and Experts Choice.
+    **{cfg.name: cfg for cfg in (
+        VMoEConfig(**{**asdict(GLYPHS_TINY), "name": "glyphs-tiny-moe"}, **GLYPHS_MOE, allocation="bpr"),
+        VMoEConfig(**{**asdict(GLYPHS_TINY), "name": "glyphs-tiny-ec"}, **GLYPHS_MOE, allocation="experts_choice"),
+    )},
     "digits-fine-moe": VMoEConfig(
         name="digits-fine-moe", image_size=32, patch_size=4, channels=1, width=64, depth=4, heads=4, mlp_dim=128,
         num_classes=10, pool="gap", num_experts=8, k=2, capacity_ratio=1.05, placement="every-2", group_size=4,

@@ -12,7 +12,8 @@ from moe_course.data.cifar import Cifar
 from moe_course.data.digits import ClutteredDigits, DigitsConfig
 from moe_course.data.folders import ImageFolder
 
-DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions")
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions", "digit-glyphs")
+GLYPHS_PER_DIGIT = 30  # digit-glyphs: 300 classes, the parameter-bound regime of README's "Where experts pay"
 # What each dataset with files reads: the kind a chapter's full-scale cell names when the data does not fit.
 KINDS = {
     "cifar10": "CIFAR-10 python data (cifar-10-python.tar.gz or its extracted cifar-10-batches-py/)",
@@ -44,6 +45,8 @@ def load_dataset(
 
     digits: the embedded cluttered digits (``path`` must be None; ``seed`` fixes the canvases).
     digits-captions: the same canvases with captions and tokens (``CaptionedDigits``), for image-text models.
+    digit-glyphs: the same canvases, labelled with WHICH source glyph they show (``task="glyph"``:
+    ``GLYPHS_PER_DIGIT`` glyphs of each digit, one class each; val/test redraw the training glyphs).
     captions: an image-caption folder (``ImageCaptions``: COCO JSON or image<TAB>caption files).
     cifar10 / cifar100: ``path`` = the python archive or its extracted folder (see ``Cifar``); val = the last
     5000 training images. imagefolder: ``path`` = a ``train/`` + ``val/`` class-folder tree (see ``ImageFolder``).
@@ -57,11 +60,13 @@ def load_dataset(
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
-    if name in ("digits", "digits-captions"):
+    if name in ("digits", "digits-captions", "digit-glyphs"):
         if path is not None:
             raise DataError(f"{path}: dataset {name!r} is embedded and takes no path; drop --data-dir")
-        config = DigitsConfig(seed=seed) if image_size is None else DigitsConfig.for_image_size(image_size, seed=seed)
-        return ClutteredDigits(config) if name == "digits" else CaptionedDigits(ClutteredDigits(config))
+        task = dict(task="glyph", glyphs_per_class=(GLYPHS_PER_DIGIT, 1, 1)) if name == "digit-glyphs" else {}
+        config = (DigitsConfig(seed=seed, **task) if image_size is None
+                  else DigitsConfig.for_image_size(image_size, seed=seed, **task))
+        return CaptionedDigits(ClutteredDigits(config)) if name == "digits-captions" else ClutteredDigits(config)
     if path is None:
         raise DataError(f"dataset {name!r} needs its files: pass --data-dir (the path to them)")
     try:

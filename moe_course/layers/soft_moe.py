@@ -33,7 +33,10 @@ class SoftMoE(nnx.Module):
     needs no balancing loss), routing ``SoftRoutingRecord``). One routing group per image, so an image's
     output does not depend on the other images of the batch. The experts are ``moe_course.layers.Experts``
     (the V-MoE expert MLPs); ``expert_dropout`` acts in them during training.
-    Parameters: phi (width, num_experts * slots_per_expert), lecun-normal as vmoe's ``mu``; scale () = 1.
+    Parameters: phi (width, num_experts * slots_per_expert), drawn as vmoe's ``mu``: lecun-normal over the shape
+    (width, num_experts, slots_per_expert), so fan-in num_experts * width (std 1 / sqrt(num_experts * width)),
+    then flattened -- not fan-in width, which would start each column sqrt(num_experts) times longer and, under
+    Adam, turn its direction that much slower (SPEC section 4); scale () = 1.
     Raises ValueError naming num_experts, slots_per_expert, width or hidden when one is not a positive
     integer, and naming width when the tokens' width does not match phi -- at construction or tracing,
     before anything is compiled.
@@ -43,8 +46,9 @@ class SoftMoE(nnx.Module):
                  expert_dropout: float = 0.0, gelu: str = "exact", rngs: nnx.Rngs):
         self.num_experts, self.slots_per_expert, self.width, self.hidden = num_experts, slots_per_expert, width, hidden
         check_integers(self, ("num_experts", "slots_per_expert", "width", "hidden"), minimum=1)
-        init = nnx.initializers.lecun_normal(in_axis=0, out_axis=1)
-        self.phi = nnx.Param(init(rngs.params(), (width, num_experts * slots_per_expert)))
+        init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1)
+        mu = init(rngs.params(), (width, num_experts, slots_per_expert))
+        self.phi = nnx.Param(mu.reshape(width, num_experts * slots_per_expert))
         self.scale = nnx.Param(jnp.ones(()))
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu, rngs=rngs)
 

@@ -18,8 +18,8 @@ class SoftMoE(torch.nn.Module):
     """Soft MoE(X) = C f(D^T X) per image (Eq. 1-3): the twin of ``moe_course.layers.SoftMoE``.
 
     forward: x (batch, tokens, width) -> MoEOutput(output (batch, tokens, width), aux_loss 0,
-    ``SoftRoutingRecord`` of D and C). Parameters: phi (width, num_experts * slots_per_expert), LeCun-normal;
-    scale () = 1; experts as ``Experts``. Raises ValueError naming num_experts, slots_per_expert, width or
+    ``SoftRoutingRecord`` of D and C). Parameters: phi (width, num_experts * slots_per_expert), LeCun-normal
+    with fan-in num_experts * width as vmoe's ``mu`` (see the JAX original); scale () = 1; experts as ``Experts``. Raises ValueError naming num_experts, slots_per_expert, width or
     hidden when one is not a positive integer.
     """
 
@@ -28,7 +28,8 @@ class SoftMoE(torch.nn.Module):
         super().__init__()
         self.num_experts, self.slots_per_expert, self.width, self.hidden = num_experts, slots_per_expert, width, hidden
         check_integers(self, ("num_experts", "slots_per_expert", "width", "hidden"), minimum=1)
-        self.phi = torch.nn.Parameter(lecun_normal_(torch.empty(width, num_experts * slots_per_expert), width))
+        self.phi = torch.nn.Parameter(lecun_normal_(torch.empty(width, num_experts * slots_per_expert),
+                                                       num_experts * width))
         self.scale = torch.nn.Parameter(torch.ones(()))
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu)
 

@@ -108,7 +108,9 @@ assert (D > 0).all() and (C > 0).all()
 # ## 2. Properties, measured
 #
 # The same layer as a Flax module: `SoftMoE(width, hidden, num_experts, slots_per_expert=p)`. Its experts are
-# the `Experts` of V-MoE (chapter 2), its parameters `phi` (d x n*p) and `scale` (initialised to 1). We feed it
+# the `Experts` of V-MoE (chapter 2), its parameters `phi` (d x n*p, drawn as vmoe's `mu`: LeCun-normal with
+# fan-in n*d, so each column starts short and its direction moves quickly under Adam) and `scale` (initialised
+# to 1). We feed it
 # real tokens: the patch embeddings of 8 test digits (16 patches of 8x8 pixels, width 64, from a freshly
 # initialised Soft MoE ViT).
 #
@@ -235,15 +237,14 @@ for name in configs:
     ax.plot(flops[name] / 1e6, test[name], "o", ms=8, label=name)
 ax.set_xlabel("forward FLOPs per image (millions)")
 ax.set_ylabel("test accuracy (fraction correct)")
-ax.set_title(f"Cost vs accuracy after {CHAPTER_STEPS} steps (Fig. 3 at toy scale)")
+ax.set_title(f"Cost vs accuracy after {CHAPTER_STEPS} steps of 32, one seed (far from converged)")
 ax.legend(fontsize=8);
 
 # %% [markdown]
 # **What we measured, honestly: the paper's Fig. 3 does not reproduce at this scale.** All four models learn
 # (chance is 0.10), but after 800 steps of 32 images Tokens Choice is far ahead of the other three, and Soft
-# MoE is no better than the dense model (when we wrote this: Tokens Choice 0.441, Experts Choice 0.264, Soft
-# MoE 0.250, dense 0.211; with 1,000 steps: 0.554, 0.298, and 0.257 for both dense and Soft MoE; the numbers
-# above are this run's). Part of the reason is measurable: the logits of
+# MoE is barely better than the dense model (when we wrote this: Tokens Choice 0.464, Soft MoE 0.265, Experts
+# Choice 0.253, dense 0.223; the numbers above are this run's). Part of the reason is measurable: the logits of
 # a Soft MoE layer are a cosine similarity times the learned `scale`, which starts at 1, so at first every
 # slot is close to the plain average of the 16 tokens and every token reads back nearly the same mixture.
 # The scale has to grow before slots can single out patches, and 800 small steps do not grow it much (see
@@ -325,7 +326,7 @@ print("largest patch share per slot (mean over images), %:", (100 * np.sort(spre
 
 # %% [markdown]
 # **What the pictures show: after this short training the slots are only mildly selective.** Their favourite
-# patch gets at most about 1.5 times the uniform 6.25% (the paper's Fig. 10 shows slots concentrated on a few
+# patch gets at most about 1.6 times the uniform 6.25% (9.9% when we wrote this) (the paper's Fig. 10 shows slots concentrated on a few
 # patches of a trained S/16), because the learned scale has barely moved from 1. Still, the slots follow the
 # content: a slot's favourite patch changes from image to image.
 

@@ -133,3 +133,32 @@ def test_export_lists_every_collected_submission_graded_or_not(tmp_path):
     assert [(s, rows[s]["status"], rows[s]["score"]) for s in sorted(rows)] == [
         ("ann", "graded", "1.0"), ("bob", "failed", "0.0"), ("cy", "not graded", "0.0")]
     assert rows["ann"]["sandbox"] == "bwrap" and rows["cy"]["error"] == "collected, never autograded"
+
+
+def test_a_python_and_package_under_tmp_stay_visible_in_the_sandbox(tmp_path, monkeypatch):
+    """The sandbox's fresh /tmp must not hide a Python or package that lives under /tmp (a CI clone's venv)."""
+    import subprocess
+
+    from moe_course.course import sandbox
+
+    if sandbox.unavailable():
+        pytest.skip(sandbox.unavailable())
+    python, package = tmp_path / "venv", tmp_path / "clone" / "moe_course"
+    for folder in (python, package):
+        folder.mkdir(parents=True)
+        (folder / "marker").write_text(folder.name)
+        folder.chmod(0o755)
+    for parent in (tmp_path, tmp_path / "clone"):
+        parent.chmod(0o755)
+    monkeypatch.setattr(sandbox, "python_folders", lambda: [python])
+    monkeypatch.setattr(sandbox, "package_folder", lambda: package)
+    home, sockets, connection = tmp_path / "home", tmp_path / "ipc", tmp_path / "kernel.json"
+    for folder in (home, sockets):
+        folder.mkdir()
+    connection.write_text("{}")
+    argv = sandbox.bwrap_argv(home, home, connection, sockets, memory_bytes=2**30, cpu_seconds=10,
+                              file_size_bytes=2**20, env={})
+    options = argv[:argv.index("--")]  # bwrap and its mounts, without the kernel command
+    shown = subprocess.run([*options, "--", "/bin/cat", str(python / "marker"), str(package / "marker")],
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0 and shown.stdout == "venvmoe_course", shown.stderr

@@ -89,11 +89,13 @@ def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: P
             argv += ["--ro-bind", folder, folder]
     for path in _ETC:
         argv += ["--ro-bind-try", path, path]
+    # Fresh /proc, /dev and /tmp first: a later bind lands on top, so a Python or package that lives under
+    # /tmp (a CI clone, say) is still visible inside.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm"]
     for folder in python_folders():
         argv += ["--ro-bind", str(folder), str(folder)]
     package = package_folder()
     argv += ["--ro-bind", str(package), str(package),
-             "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
              "--bind", str(sockets), str(sockets),
              "--ro-bind", str(connection_file), str(connection_file),
              "--bind", str(private_home), str(home), "--chdir", str(home)]

@@ -7,8 +7,8 @@ never write the same database. It writes ``gradebooks/<assignment>/<student>.jso
 "failed"), the error if any, seconds, score, max_score and the score of every grade cell. A failed
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
-Run as ``python -m moe_course.course.worker COURSE_DIR ASSIGNMENT STUDENT CELL_TIMEOUT MEMORY_BYTES CPU_SECONDS
-OUTPUT_BYTES``.
+Command line: ``python -m moe_course.course.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
+STUDENT, CELL_TIMEOUT, MEMORY_BYTES, CPU_SECONDS and OUTPUT_BYTES.
 """
 
 from __future__ import annotations

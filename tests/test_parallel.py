@@ -8,7 +8,11 @@ import pytest
 
 from multidevice import report_of, run_cases, start_cases
 
-TOL_LAYER, TOL_LOSS = 1e-5, 1e-4
+# Sharded and one-device training sum in different orders. Until a routing decision flips on a rounding tie
+# the losses agree to float rounding (TOL_FIRST_STEPS); after a flip a different token is dropped and the runs
+# drift apart slowly (measured on an AMD EPYC with AVX-512: 2e-7 for steps 1-7, a flip at step 8 (1.8e-5),
+# 2.8e-4 at step 20; other CPUs stayed under 1e-4). A wrong exchange differs by ~1e-1 from step 1.
+TOL_LAYER, TOL_FIRST_STEPS, TOL_LOSS = 1e-5, 1e-5, 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,7 @@ def test_sharded_training_gives_the_one_device_losses(eight_devices):
     report = eight_devices[0]
     single, sharded = report["single"], report["sharded"]
     assert sorted(map(int, single)) == list(range(1, 21)) and single.keys() == sharded.keys()
+    assert max(abs(single[s] - sharded[s]) for s in ("1", "2", "3")) <= TOL_FIRST_STEPS
     assert max(abs(single[s] - sharded[s]) for s in single) <= TOL_LOSS
     assert sorted(map(int, report["half"])) == list(range(1, 11))  # the run that wrote the step-10 checkpoint
     assert max(abs(report["half"][s] - sharded[s]) for s in report["half"]) <= TOL_LOSS

@@ -31,8 +31,13 @@ CONFIGS = {**CONFIG_TYPES, "train": TrainConfig}
 FIELDS = [(family, field) for family, cls in CONFIGS.items() for field in (f.name for f in dataclasses.fields(cls))]
 
 
+# Numeric fields that take any finite number: LIMoE's entropy thresholds (tau <= 0 switches the global loss off).
+ANY_FINITE = {"image_tau", "text_tau"}
+
+
 def _invalid(cls, field: str) -> st.SearchStrategy:
-    """Values no field of that annotated type accepts (every numeric field of these configs is >= 0)."""
+    """Values no field of that annotated type accepts (every numeric field of these configs is >= 0, except
+    those in ANY_FINITE, which refuse only non-finite numbers and non-numbers)."""
     hint = typing.get_type_hints(cls)[field]
     optional = type(None) in typing.get_args(hint)
     base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
@@ -43,8 +48,8 @@ def _invalid(cls, field: str) -> st.SearchStrategy:
     if base is int:
         return st.one_of(st.integers(max_value=-1), st.booleans(), st.floats(), junk)
     if base is float:
-        return st.one_of(st.floats(max_value=-1e-6), st.sampled_from([math.nan, math.inf, -math.inf]),
-                         st.booleans(), junk)
+        negative = st.nothing() if field in ANY_FINITE else st.floats(max_value=-1e-6)
+        return st.one_of(negative, st.sampled_from([math.nan, math.inf, -math.inf]), st.booleans(), junk)
     assert base is str, f"{cls.__name__}.{field}: no invalid-value strategy for {hint}"
     allowed = getattr(cls, "CHOICES", {}).get(field)
     if allowed is None:  # free text (a config's name)

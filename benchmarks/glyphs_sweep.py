@@ -17,6 +17,8 @@ import json
 import time
 import warnings
 
+from moe_course.configs.vmoe import PLACEMENTS
+
 KINDS = ("dense", "tc", "ec", "soft")
 
 
@@ -29,6 +31,8 @@ def parse(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--capacity-ratio", type=float, default=1.05)
+    p.add_argument("--placement", choices=PLACEMENTS, default="last-n",
+                   help="which blocks are MoE (VMoEConfig.placement); last-n takes the last --last-n even blocks")
     p.add_argument("--digit-size", type=int, nargs=2, default=(14, 22), help="min and max digit side in pixels")
     p.add_argument("--max-strokes", type=int, default=5, help="clutter strokes per canvas: 2 (or fewer) to this")
     p.add_argument("--out", default=None, help="append the JSON line to this file")
@@ -54,7 +58,7 @@ def main(argv=None) -> dict:
     backbone = dict(name=f"glyphs-{args.kind}", image_size=32, patch_size=args.patch, channels=1, width=args.width,
                     depth=args.depth, heads=args.heads, mlp_dim=args.mlp, num_classes=data.num_classes, pool="gap")
     moe = dict(num_experts=args.experts, k=args.k, capacity_ratio=args.capacity_ratio, group_size=args.group,
-               placement="last-n", moe_last_n=args.last_n)
+               placement=args.placement, moe_last_n=args.last_n)
     config = {"dense": lambda: ViTConfig(**backbone),
               "tc": lambda: VMoEConfig(**backbone, **moe, allocation="bpr"),
               "ec": lambda: VMoEConfig(**backbone, **moe, allocation="experts_choice"),

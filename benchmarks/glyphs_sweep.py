@@ -7,7 +7,8 @@ JSON line: forward FLOPs per image (``flops_per_image``), parameters, test and t
 validation curve (``--eval-every``) and the training time. ``--out FILE`` appends the line to FILE. The sweep in
 benchmarks/README.md is a list of these commands; the presets ``glyphs-tiny*`` are the configuration it chose.
 
-Usage: python benchmarks/glyphs_sweep.py dense|tc|ec|soft [--width 64 --mlp 128 --experts 16 --steps 1500 ...]
+Usage: python benchmarks/glyphs_sweep.py dense|tc|ec|soft [--seed 1] [--glyphs-per-digit 30 --steps 1500 ...]
+(every option left out keeps the glyphs-tiny preset's value and its CLI recipe's schedule)
 """
 
 from __future__ import annotations
@@ -18,25 +19,56 @@ import time
 import warnings
 
 from moe_course.configs.vmoe import PLACEMENTS
+from moe_course.data.registry import GLYPHS_PER_DIGIT
 
-KINDS = ("dense", "tc", "ec", "soft")
+# Each kind is a glyphs-tiny preset; every option left unset keeps the preset's (or its CLI recipe's) value, so
+# `glyphs_sweep.py tc --seed 1` trains what `moe-course train vmoe --preset glyphs-tiny-moe --seed 1` trains.
+KINDS = {"dense": ("vit", "glyphs-tiny"), "tc": ("vmoe", "glyphs-tiny-moe"), "ec": ("vmoe", "glyphs-tiny-ec"),
+         "soft": ("soft-moe", "glyphs-tiny-soft")}
+MODEL_OPTIONS = dict(width="width", mlp="mlp_dim", depth="depth", heads="heads", patch="patch_size",
+                     experts="num_experts", k="k", last_n="moe_last_n", group="group_size",
+                     slots="slots_per_expert", capacity_ratio="capacity_ratio", placement="placement")
+MOE_ONLY = ("num_experts", "k", "moe_last_n", "group_size", "slots_per_expert", "capacity_ratio", "placement")
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kind", choices=KINDS, help="dense ViT, Tokens Choice (BPR), Experts Choice or Soft MoE")
-    for name, default in dict(width=64, mlp=128, depth=4, heads=4, experts=16, k=1, steps=1500, batch=128,
-                              glyphs_per_digit=30, seed=0, patch=8, last_n=2, group=8, slots=1, eval_every=0
-                              ).items():
-        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--capacity-ratio", type=float, default=1.05)
-    p.add_argument("--placement", choices=PLACEMENTS, default="last-n",
+    for name in ("width", "mlp", "depth", "heads", "patch", "experts", "k", "last_n", "group", "slots", "steps",
+                 "batch", "eval_every"):
+        p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="default: the preset's/recipe's")
+    p.add_argument("--glyphs-per-digit", type=int, default=GLYPHS_PER_DIGIT, help="classes = 10 x this")
+    p.add_argument("--seed", type=int, default=0, help="seeds the model, the data order and the canvases")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate; default: the recipe's")
+    p.add_argument("--capacity-ratio", type=float, default=None)
+    p.add_argument("--placement", choices=PLACEMENTS, default=None,
                    help="which blocks are MoE (VMoEConfig.placement); last-n takes the last --last-n even blocks")
     p.add_argument("--digit-size", type=int, nargs=2, default=(14, 22), help="min and max digit side in pixels")
     p.add_argument("--max-strokes", type=int, default=5, help="clutter strokes per canvas: 2 (or fewer) to this")
     p.add_argument("--out", default=None, help="append the JSON line to this file")
     return p.parse_args(argv)
+
+
+def configs(args: argparse.Namespace):
+    """(model config, TrainConfig, dataset) of one run: the kind's preset and recipe with the given options."""
+    from moe_course.configs import get_preset
+    from moe_course.data import ClutteredDigits, DigitsConfig
+    from moe_course.recipes import recipe_for
+
+    data = ClutteredDigits(DigitsConfig(task="glyph", glyphs_per_class=(args.glyphs_per_digit, 1, 1),
+                                        seed=args.seed, digit_size=tuple(args.digit_size),
+                                        strokes=(min(2, args.max_strokes), args.max_strokes)))
+    preset = get_preset(*KINDS[args.kind])
+    overrides = {field: getattr(args, option) for option, field in MODEL_OPTIONS.items()
+                 if getattr(args, option) is not None and (args.kind != "dense" or field not in MOE_ONLY)}
+    config = preset.replace(**overrides, num_classes=data.num_classes).validate()
+    recipe = recipe_for(preset)
+    steps = args.steps or recipe.steps
+    schedule = recipe.replace(
+        steps=steps, batch_size=args.batch or recipe.batch_size, learning_rate=args.lr or recipe.learning_rate,
+        warmup_steps=min(recipe.warmup_steps, steps // 10), eval_every=args.eval_every or 0, seed=args.seed,
+        checkpoint_every=0, log_every=max(1, steps // 10), eval_batch_size=512)
+    return config, schedule, data
 
 
 def main(argv=None) -> dict:
@@ -46,32 +78,17 @@ def main(argv=None) -> dict:
     from flax import nnx
 
     from moe_course.analysis.flops import flops_per_image
-    from moe_course.configs import SoftMoEConfig, ViTConfig, VMoEConfig
-    from moe_course.data import ClutteredDigits, DigitsConfig
     from moe_course.train import evaluate, train
-    from moe_course.train.config import TrainConfig
 
     print(f"device: {jax.devices()[0].device_kind}")
-    data = ClutteredDigits(DigitsConfig(task="glyph", glyphs_per_class=(args.glyphs_per_digit, 1, 1),
-                                        seed=args.seed, digit_size=tuple(args.digit_size),
-                                        strokes=(min(2, args.max_strokes), args.max_strokes)))
-    backbone = dict(name=f"glyphs-{args.kind}", image_size=32, patch_size=args.patch, channels=1, width=args.width,
-                    depth=args.depth, heads=args.heads, mlp_dim=args.mlp, num_classes=data.num_classes, pool="gap")
-    moe = dict(num_experts=args.experts, k=args.k, capacity_ratio=args.capacity_ratio, group_size=args.group,
-               placement=args.placement, moe_last_n=args.last_n)
-    config = {"dense": lambda: ViTConfig(**backbone),
-              "tc": lambda: VMoEConfig(**backbone, **moe, allocation="bpr"),
-              "ec": lambda: VMoEConfig(**backbone, **moe, allocation="experts_choice"),
-              "soft": lambda: SoftMoEConfig(**backbone, **{**moe, "group_size": 1}, slots_per_expert=args.slots),
-              }[args.kind]().validate()
-    schedule = TrainConfig(steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
-                           warmup_steps=min(100, args.steps // 10), checkpoint_every=0, log_every=max(1, args.steps // 10),
-                           eval_every=args.eval_every, seed=args.seed, eval_batch_size=512)
+    config, schedule, data = configs(args)
     start = time.time()
     result = train(config, data, schedule, progress=False)
     seconds = time.time() - start
     test, train_split = (evaluate(result.model, data, split, batch_size=512) for split in ("test", "train"))
     row = dict(kind=args.kind, **{k: v for k, v in vars(args).items() if k not in ("kind", "out")},
+               config={f: getattr(config, f) for f in MODEL_OPTIONS.values() if hasattr(config, f)},
+               schedule=dict(steps=schedule.steps, batch=schedule.batch_size, lr=schedule.learning_rate),
                flops=flops_per_image(config),
                params=int(sum(x.size for x in jax.tree.leaves(nnx.state(result.model, nnx.Param)))),
                test_accuracy=round(test["accuracy"], 4), test_loss=round(test["loss"], 4),

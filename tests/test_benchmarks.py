@@ -109,6 +109,34 @@ def test_glyphs_sweep_trains_and_reports_one_json_line(kind, tmp_path):
     assert json.loads((tmp_path / "rows.jsonl").read_text()) == row
 
 
+def test_glyphs_sweep_defaults_are_the_cli_presets_and_recipes():
+    """With no options, a sweep run trains exactly what `moe-course train` trains for the kind's glyphs-tiny preset
+    (same model config, same schedule up to checkpointing and logging, same data), so the README's table holds
+    for either command."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import glyphs_sweep
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from moe_course.configs import get_preset
+    from moe_course.data import load_dataset
+    from moe_course.recipes import recipe_for
+
+    for kind, (family, name) in glyphs_sweep.KINDS.items():
+        config, schedule, data = glyphs_sweep.configs(glyphs_sweep.parse([kind, "--seed", "2"]))
+        preset, recipe = get_preset(family, name), recipe_for(get_preset(family, name))
+        cli_data = load_dataset("digit-glyphs", image_size=preset.image_size, seed=2)
+        assert config == preset.replace(num_classes=cli_data.num_classes) == preset, kind
+        assert schedule.replace(checkpoint_every=recipe.checkpoint_every, log_every=recipe.log_every,
+                                eval_every=recipe.eval_every, eval_batch_size=recipe.eval_batch_size) \
+            == recipe.replace(seed=2), kind
+        assert data.config == cli_data.config, kind
+    config, schedule, _ = glyphs_sweep.configs(glyphs_sweep.parse(
+        ["soft", "--experts", "8", "--slots", "2", "--placement", "second-half", "--steps", "50", "--lr", "3e-3"]))
+    assert (config.num_experts, config.slots_per_expert, config.moe_blocks()) == (8, 2, (2, 3))
+    assert (schedule.steps, schedule.learning_rate, schedule.warmup_steps) == (50, 3e-3, 5)
+
+
 def test_peers_benchmark():
     pytest.importorskip("torch", reason="the PyTorch twins need torch (pip install 'moe-course[torch]')")
     assert "usage:" in _run_help("peers.py")

@@ -102,7 +102,7 @@ def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int) 
 # Soft MoE presets "glyphs-tiny-*" differ from it only in the MLPs of the MoE blocks, at equal forward FLOPs.
 GLYPHS_TINY = ViTConfig(
     name="glyphs-tiny", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4, mlp_dim=128,
-    num_classes=300, pool="gap",
+    num_classes=800, pool="gap",  # = 10 * data.registry.GLYPHS_PER_DIGIT
 )
 
 _SIZES = {"s": (8, 8, 512, 2048), "b": (12, 12, 768, 3072), "l": (24, 16, 1024, 4096), "h": (32, 16, 1280, 5120)}

@@ -1,0 +1,72 @@
+"""Seed statistics of recorded training runs: the tables of README's "Where experts pay" and of chapters 3 and 5.
+
+A run is one JSON object per line, as ``benchmarks/glyphs_sweep.py --out FILE`` appends them: ``kind`` (dense,
+tc, ec, soft), ``variant`` (the command-line options that differ from the presets and recipes, "" for the
+recipe itself), ``seed`` and the measured numbers (``test_accuracy``, ``train_loss``, ``flops``, ...). The
+runs behind the course's tables are kept in ``benchmarks/results/`` (``RESULTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class SeedSpread:
+    """One metric over the seeds of one configuration: mean, sample standard deviation (0 for one seed),
+    smallest and largest value, and the seeds it covers."""
+
+    mean: float
+    std: float
+    low: float
+    high: float
+    seeds: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return f"{self.mean:.3f} ± {self.std:.3f} ({self.low:.3f}-{self.high:.3f}, {len(self.seeds)} seeds)"
+
+
+def read_runs(path: str | Path) -> list[dict]:
+    """The runs recorded in ``path`` (JSON lines). Raises FileNotFoundError, or ValueError naming the line that
+    is not a JSON object with ``kind``, ``variant`` and ``seed``."""
+    runs = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            run = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error})") from None
+        if not isinstance(run, dict) or not {"kind", "variant", "seed"} <= run.keys():
+            raise ValueError(f"{path}:{number}: a run needs the fields kind, variant and seed")
+        runs.append(run)
+    return runs
+
+
+def seed_spread(runs: list[dict], metric: str = "test_accuracy", variant: str = "") -> dict[str, SeedSpread]:
+    """{kind: SeedSpread of ``metric``} over the runs of ``variant`` ("" = the recipes), one entry per kind
+    present, in the order kinds first appear. A seed recorded twice for one kind raises ValueError (two runs of
+    one seed are the same run), as does a non-finite value (never averaged away)."""
+    values: dict[str, dict[int, float]] = {}
+    for run in runs:
+        if run["variant"] != variant:
+            continue
+        value = float(run[metric])
+        if not math.isfinite(value):
+            raise ValueError(f"{metric}={value} in the {run['kind']} run of seed {run['seed']}: not finite")
+        by_seed = values.setdefault(run["kind"], {})
+        if run["seed"] in by_seed:
+            raise ValueError(f"seed {run['seed']} of kind {run['kind']!r} (variant {variant!r}) is recorded twice")
+        by_seed[run["seed"]] = value
+    table = {}
+    for kind, by_seed in values.items():
+        xs = list(by_seed.values())
+        mean = sum(xs) / len(xs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+        table[kind] = SeedSpread(mean, std, min(xs), max(xs), tuple(sorted(by_seed)))
+    return table

@@ -1,0 +1,73 @@
+"""Seed statistics of recorded runs (moe_course.analysis.sweeps) and the table script built on them."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_course.analysis.sweeps import RESULTS, read_runs, seed_spread
+
+
+def _write(path, runs):
+    path.write_text("".join(json.dumps(run) + "\n" for run in runs))
+    return path
+
+
+def _run(kind, seed, accuracy, variant="", **extra):
+    return dict(kind=kind, variant=variant, seed=seed, test_accuracy=accuracy, train_loss=1 - accuracy,
+                flops=4.7e6, params=191_000, **extra)
+
+
+def test_seed_spread_is_mean_sample_std_and_range_per_kind_of_one_variant(tmp_path):
+    runs = read_runs(_write(tmp_path / "runs.jsonl", [
+        _run("dense", 0, 0.95), _run("tc", 0, 0.99), _run("dense", 1, 0.91), _run("dense", 2, 0.93),
+        _run("dense", 0, 0.10, variant="--steps 10")]))
+    table = seed_spread(runs)
+    assert list(table) == ["dense", "tc"]
+    dense = table["dense"]
+    assert dense.mean == pytest.approx(0.93) and dense.std == pytest.approx(0.02)  # sqrt((4e-4 + 4e-4 + 0) / 2)
+    assert (dense.low, dense.high, dense.seeds) == (0.91, 0.95, (0, 1, 2))
+    assert table["tc"].std == 0 and table["tc"].seeds == (0,)
+    assert seed_spread(runs, variant="--steps 10")["dense"].mean == 0.10
+    assert seed_spread(runs, "train_loss")["dense"].mean == pytest.approx(0.07)
+    assert str(dense).startswith("0.930 ± 0.020 (0.910-0.950, 3 seeds)")
+
+
+def test_a_seed_recorded_twice_or_a_non_finite_number_is_refused(tmp_path):
+    twice = read_runs(_write(tmp_path / "twice.jsonl", [_run("tc", 1, 0.9), _run("tc", 1, 0.8)]))
+    with pytest.raises(ValueError, match="seed 1 of kind 'tc'.*twice"):
+        seed_spread(twice)
+    nan = read_runs(_write(tmp_path / "nan.jsonl", [_run("tc", 1, math.nan)]))
+    with pytest.raises(ValueError, match="test_accuracy=nan.*not finite"):
+        seed_spread(nan)
+
+
+def test_read_runs_names_the_bad_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(_run("tc", 0, 0.9)) + "\n\n{not json\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:3: not JSON"):
+        read_runs(path)
+    path.write_text(json.dumps({"kind": "tc", "seed": 0}) + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: a run needs the fields kind, variant and seed"):
+        read_runs(path)
+
+
+def test_glyphs_table_prints_the_recipes_first_then_each_variant(tmp_path):
+    path = _write(tmp_path / "runs.jsonl", [_run("soft", 0, 0.5, variant="--experts 4"), _run("tc", 0, 0.99),
+                                            _run("dense", 0, 0.95), _run("dense", 1, 0.91)])
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "glyphs_table.py"),
+                          str(path)], capture_output=True, text=True, check=True).stdout
+    recipes, experts = out.split("--experts 4:")
+    assert "the recipes" in recipes and "Soft MoE" in experts and "Soft MoE" not in recipes
+    rows = [line for line in recipes.splitlines() if line.startswith("| dense") or line.startswith("| Tokens")]
+    assert rows[0].startswith("| dense ViT | 4.70 | 191k | 0.930 ± 0.028 (0.910-0.950) | 0.070 | 0, 1 |"), rows
+    assert rows[1].startswith("| Tokens Choice (BPR)"), rows
+
+
+def test_the_recorded_glyphs_runs_read():
+    runs = read_runs(RESULTS / "glyphs.jsonl")
+    assert {run["kind"] for run in runs} == {"dense", "tc", "ec", "soft"}
+    assert all(0 <= run["test_accuracy"] <= 1 for run in runs)

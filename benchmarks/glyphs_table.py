@@ -12,22 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from moe_course.analysis.sweeps import RESULTS, read_runs, seed_spread
-
-NAMES = {"dense": "dense ViT", "tc": "Tokens Choice (BPR)", "ec": "Experts Choice", "soft": "Soft MoE"}
-
-
-def table(runs: list[dict], variant: str = "") -> str:
-    """The markdown table of ``variant``'s runs (one row per model kind)."""
-    accuracy, loss = seed_spread(runs, "test_accuracy", variant), seed_spread(runs, "train_loss", variant)
-    first = {run["kind"]: run for run in runs if run["variant"] == variant}
-    lines = ["| model | forward MFLOPs | parameters | test accuracy: mean ± std (range) | train loss | seeds |",
-             "| --- | --- | --- | --- | --- | --- |"]
-    for kind, spread in sorted(accuracy.items(), key=lambda item: list(NAMES).index(item[0])):
-        lines.append(f"| {NAMES.get(kind, kind)} | {first[kind]['flops'] / 1e6:.2f} | {first[kind]['params'] / 1e3:.0f}k "
-                     f"| {spread.mean:.3f} ± {spread.std:.3f} ({spread.low:.3f}-{spread.high:.3f}) "
-                     f"| {loss[kind].mean:.3f} | {', '.join(map(str, spread.seeds))} |")
-    return "\n".join(lines)
+from moe_course.analysis.sweeps import RESULTS, read_runs, seed_table
 
 
 def main(argv=None) -> None:
@@ -37,7 +22,7 @@ def main(argv=None) -> None:
     variants = sorted({run["variant"] for run in runs}, key=lambda v: (v != "", v))
     for variant in variants:
         print(f"\n{variant or 'the recipes (glyphs-tiny presets)'}:\n")
-        print(table(runs, variant))
+        print(seed_table(runs, variant))
 
 
 if __name__ == "__main__":

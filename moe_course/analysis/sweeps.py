@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+KIND_NAMES = {"dense": "dense ViT", "tc": "Tokens Choice (BPR)", "ec": "Experts Choice", "soft": "Soft MoE"}
 
 
 @dataclass(frozen=True)
@@ -70,3 +71,18 @@ def seed_spread(runs: list[dict], metric: str = "test_accuracy", variant: str = 
         std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
         table[kind] = SeedSpread(mean, std, min(xs), max(xs), tuple(sorted(by_seed)))
     return table
+
+
+def seed_table(runs: list[dict], variant: str = "") -> str:
+    """A markdown table of ``variant``'s runs, one row per model kind (dense, Tokens Choice, Experts Choice, Soft
+    MoE first): forward MFLOPs per image, parameters, test accuracy (mean ± std, range), mean train loss, seeds."""
+    accuracy, loss = seed_spread(runs, "test_accuracy", variant), seed_spread(runs, "train_loss", variant)
+    first = {run["kind"]: run for run in runs if run["variant"] == variant}
+    order = list(KIND_NAMES)
+    lines = ["| model | forward MFLOPs | parameters | test accuracy: mean ± std (range) | train loss | seeds |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for kind, spread in sorted(accuracy.items(), key=lambda item: order.index(item[0]) if item[0] in order else 9):
+        lines.append(f"| {KIND_NAMES.get(kind, kind)} | {first[kind]['flops'] / 1e6:.2f} "
+                     f"| {first[kind]['params'] / 1e3:.0f}k | {spread.mean:.3f} ± {spread.std:.3f} "
+                     f"({spread.low:.3f}-{spread.high:.3f}) | {loss[kind].mean:.3f} | {', '.join(map(str, spread.seeds))} |")
+    return "\n".join(lines)

@@ -53,8 +53,8 @@ def variant(args: argparse.Namespace) -> str:
     """The options of this run that differ from their defaults (seed and --out aside): "" for the recipe itself;
     the key ``moe_course.analysis.sweeps`` groups the seeds of one configuration by."""
     defaults = vars(parse([args.kind]))
-    return " ".join(f"--{name.replace('_', '-')} {' '.join(map(str, value)) if isinstance(value, (list, tuple)) else value}"
-                    for name, value in vars(args).items()
+    shown = lambda value: " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return " ".join(f"--{name.replace('_', '-')} {shown(value)}" for name, value in vars(args).items()
                     if name not in ("kind", "seed", "out") and _plain(value) != _plain(defaults[name]))
 
 
@@ -99,7 +99,8 @@ def main(argv=None) -> dict:
     result = train(config, data, schedule, progress=False)
     seconds = time.time() - start
     test, train_split = (evaluate(result.model, data, split, batch_size=512) for split in ("test", "train"))
-    row = dict(kind=args.kind, variant=variant(args), **{k: v for k, v in vars(args).items() if k not in ("kind", "out")},
+    row = dict(kind=args.kind, variant=variant(args),
+               **{k: v for k, v in vars(args).items() if k not in ("kind", "out")},
                config={f: getattr(config, f) for f in MODEL_OPTIONS.values() if hasattr(config, f)},
                schedule=dict(steps=schedule.steps, batch=schedule.batch_size, lr=schedule.learning_rate),
                flops=flops_per_image(config),

@@ -14,9 +14,9 @@
 # and every expert has a buffer of limited capacity. Then we take the trained model and ask the question of
 # the paper's Section 4: when the buffers are too small for all tokens, *which* tokens should get in?
 #
-# What you will see, each claim measured in this notebook:
-# 1. a dense ViT and a V-MoE trained on the embedded digits at matched compute per token -- and an honest
-#    comparison of the two at this toy scale;
+# What you will see, each claim measured in this notebook or in the recorded runs it reads:
+# 1. a dense ViT and a V-MoE at matched compute -- tied on the 10-class digits once trained, and where the
+#    experts do pay: a task bound by parameters, not by data (three seeds each, recorded);
 # 2. vanilla routing versus Batch Prioritized Routing (BPR) as the capacity ratio C shrinks at inference
 #    (the paper's Fig. 7);
 # 3. which patches BPR drops, drawn on real test images (Fig. 5), and a slider to move C yourself;
@@ -25,8 +25,9 @@
 # 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3) -- which, at our
 #    scale, we could not reproduce reliably.
 #
-# The four models of this chapter train side by side, in about a minute and a half on two CPU cores. They are checkpointed under
-# `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads them instead of training.
+# The three models of this chapter train side by side, in about a minute on two CPU cores. They are
+# checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads them instead of
+# training.
 
 # %%
 import os
@@ -35,13 +36,14 @@ import warnings
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from moe_course.configs import get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.models import temporary_routing, vit_param_count, vmoe_param_count
 from moe_course.routing import CapacityRoundingWarning
 from moe_course.analysis import collect_routing, expert_class_weights, flops_per_image, token_served
+from moe_course.analysis.sweeps import RESULTS, read_runs, seed_spread, seed_table
 from moe_course.train import TrainConfig, evaluate, evaluate_routings, train_side_by_side
 from moe_course.viz import show_dropped_patches, show_expert_class_heatmaps
 
@@ -69,48 +71,77 @@ digits = ClutteredDigits()
 # %%
 moe_config = get_preset("vmoe", "digits-tiny-moe")
 dense_config = get_preset("vit", "digits-tiny").replace(name="digits-tiny-mlp192", mlp_dim=192)
-CHAPTER_STEPS = 800
-run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=1e-3, warmup_steps=100, log_every=50,
-                         eval_every=0, checkpoint_every=CHAPTER_STEPS)
 flops = {"dense": flops_per_image(dense_config), "V-MoE": flops_per_image(moe_config)}
 print(f"dense: {vit_param_count(dense_config) / 1e3:.0f}k parameters, {flops['dense'] / 1e6:.2f} MFLOPs per image; "
       f"V-MoE: {vmoe_param_count(moe_config) / 1e3:.0f}k parameters, {flops['V-MoE'] / 1e6:.2f} MFLOPs per image")
 assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to the 5% buffer slack
 
 # %% [markdown]
-# XLA runs these small models on little more than one CPU core, so we train them side by side in threads
-# (`train_side_by_side`; each run has its own model, optimizer, data order and checkpoints) -- and with them
-# the two V-MoEs of section 6, trained at a small capacity ratio.
+# Three times the parameters for the same compute per token. Do they buy accuracy? On the 10-class digits,
+# not once the models have learned: with the command-line recipe (2,500 steps of 128 images) `digits-tiny`
+# and `digits-tiny-moe` both reached 0.957 test accuracy (test losses 0.132 and 0.125). After a short
+# training the V-MoE is far ahead (0.740 against 0.535 after 800 steps of 64 images, when we wrote this) --
+# the experts speed up learning, as the paper reports at every scale -- but the dense model catches up. This
+# task is bound by what its data teaches (1,040 training glyphs, ten classes), not by the parameters the model
+# can store, so extra experts have nothing to hold. The paper's lasting gains come from JFT-300M, hundreds of
+# millions of images a dense model of the same cost cannot absorb -- "MoEs are especially useful when you are
+# parameter-bounded, not data-bounded", as the V-MoE authors put it.
+#
+# **A task bound by parameters.** `digit-glyphs` draws the same canvases but asks *which* of the 800 training
+# glyphs is on them (80 writers' versions of each digit; validation and test redraw those glyphs with new
+# sizes, positions and clutter). Telling one writer's 7 from another's is stored knowledge: more glyphs than a
+# small dense model can keep apart. The `glyphs-tiny` presets compare, on the same backbone as above (width 64,
+# 4 blocks, MLP 128), the dense ViT with a V-MoE of 16 experts in blocks 1 and 3 and k = 1 -- one expert per
+# token, so both do the same MLP work per token (the FLOPs below) -- trained with one recipe: 8,000 steps of
+# 128 images, peak learning rate 2e-3, about ten minutes per model on two CPU cores. That is too long for this
+# notebook, so here are the recorded runs of that recipe, three seeds each, made with
+# `moe-course train vit --preset glyphs-tiny --seed S` and `moe-course train vmoe --preset glyphs-tiny-moe
+# --seed S` for S = 0, 1, 2 (or `python benchmarks/glyphs_sweep.py dense|tc --seed S`, which trains the same
+# and appends a line to the file read below; `python benchmarks/glyphs_table.py` prints every table of it).
 
 # %%
+glyph_runs = read_runs(RESULTS / "glyphs.jsonl")
+glyphs = seed_spread(glyph_runs)  # {kind: test accuracy over the seeds of the recipe runs}
+display(Markdown(seed_table([run for run in glyph_runs if run["kind"] in ("dense", "tc")])))
+recipe_flops = {kind: flops_per_image(get_preset(*preset)) for kind, preset in
+                (("dense", ("vit", "glyphs-tiny")), ("tc", ("vmoe", "glyphs-tiny-moe")))}
+last_gain = {kind: np.mean([run["val_curve"][-1][1] - run["val_curve"][-3][1] for run in glyph_runs
+                            if run["variant"] == "" and run["kind"] == kind]) for kind in ("dense", "tc")}
+print(f"forward FLOPs, V-MoE / dense: {recipe_flops['tc'] / recipe_flops['dense']:.3f}; validation accuracy gained "
+      f"over the last 2,000 steps: dense {last_gain['dense']:+.3f}, V-MoE {last_gain['tc']:+.3f} (mean of the seeds)")
+
+# %% [markdown]
+# GLYPH_CLAIMS
+
+# %%
+assert len(glyphs["dense"].seeds) >= 3 and len(glyphs["tc"].seeds) >= 3, glyphs
+assert 1.0 <= recipe_flops["tc"] / recipe_flops["dense"] <= 1.05, recipe_flops
+GLYPH_ASSERTS
+
+# %% [markdown]
+# From here on we study *routing*, on the digits V-MoE above: trained for 800 steps of 64 images (about 77% of
+# its recipe's 0.957 when we wrote this), side by side with two more V-MoEs trained at a small capacity ratio
+# for section 6. XLA runs models this small on little more than one CPU core, so `train_side_by_side` trains
+# them in threads (each run has its own model, optimizer, data order and checkpoints).
+
+# %%
+CHAPTER_STEPS = 800
+run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=1e-3, warmup_steps=100, log_every=50,
+                         eval_every=0, checkpoint_every=CHAPTER_STEPS)
 LOW_C = 0.25  # section 6 trains two more V-MoEs at this capacity ratio, with vanilla routing and with BPR
 low_c_run = run_config.replace(batch_size=32)
 low_c_configs = {f"chapter03-vmoe-{allocation}-c{LOW_C}": moe_config.replace(
     name=f"digits-tiny-moe-{allocation}-c{LOW_C}", allocation=allocation, capacity_ratio=LOW_C)
     for allocation in ("vanilla", "bpr")}
-trained = train_side_by_side({"chapter03-dense": dense_config, "chapter03-vmoe": moe_config, **low_c_configs}, digits,
-                             {"chapter03-dense": run_config, "chapter03-vmoe": run_config,
-                              **dict.fromkeys(low_c_configs, low_c_run)}, workdir=WORKDIR, progress=False)
-for name, result in trained.items():  # four progress bars at once would interleave; one line per run instead
+trained = train_side_by_side({"chapter03-vmoe": moe_config, **low_c_configs}, digits,
+                             {"chapter03-vmoe": run_config, **dict.fromkeys(low_c_configs, low_c_run)},
+                             workdir=WORKDIR, progress=False)
+for name, result in trained.items():  # three progress bars at once would interleave; one line per run instead
     print(f"{name}: trained in {result.seconds:.0f} s" + (" (resumed)" if result.resumed_from else ""))
-dense_model, moe_model = trained["chapter03-dense"].model, trained["chapter03-vmoe"].model
-dense_test, moe_test = evaluate(dense_model, digits, "test"), evaluate(moe_model, digits, "test")
-print(f"dense ViT (MLP 192): test accuracy {dense_test['accuracy']:.3f}, loss {dense_test['loss']:.3f}")
-print(f"V-MoE (E=8, k=2):    test accuracy {moe_test['accuracy']:.3f}, loss {moe_test['loss']:.3f}")
-
-# %% [markdown]
-# **Claim: after the same short training the V-MoE is clearly ahead of the dense model of equal compute per
-# token -- but at this scale the lead does not last.** When we wrote this chapter, 800 steps of 64 images
-# gave V-MoE 0.740 and dense 0.535 test accuracy (the numbers above are this run's): the experts speed up
-# learning, as the paper reports at every scale it tried. Trained longer, the dense model catches up: with
-# the command-line recipe (2,500 steps of 128 images) both `digits-tiny` and `digits-tiny-moe` reached 0.957
-# (test losses 0.132 and 0.125). The paper's lasting gains come from JFT-300M, hundreds of millions of images a dense model of the
-# same cost cannot absorb; our training set has 1,040 source glyphs, little for eight experts to divide
-# between them that one MLP cannot learn. So we assert the early lead we measure here, and that both learn.
-
-# %%
-assert dense_test["accuracy"] >= 0.5 and moe_test["accuracy"] >= 0.65, (dense_test, moe_test)
-assert moe_test["accuracy"] >= dense_test["accuracy"] + 0.05, (dense_test, moe_test)
+moe_model = trained["chapter03-vmoe"].model
+moe_test = evaluate(moe_model, digits, "test")
+print(f"V-MoE (E=8, k=2): test accuracy {moe_test['accuracy']:.3f}, loss {moe_test['loss']:.3f}")
+assert moe_test["accuracy"] >= 0.67, moe_test  # at least 70% of the recipe's converged 0.957
 
 # %% [markdown]
 # ## 2. When buffers are too small: vanilla routing versus BPR
@@ -145,10 +176,7 @@ ax.set_xlabel("capacity ratio C at inference (smaller = fewer tokens processed)"
 ax.set_ylabel("test accuracy (fraction correct)")
 ax.invert_xaxis()
 ax.grid(alpha=0.3)
-ax.legend(fontsize=8, loc="lower left")
-ax.text(0.5, -0.3, f"Not drawn: the dense ViT of equal compute per token at C = 1 reached {dense_test['accuracy']:.3f}.\n"
-        "At C < 1 the V-MoE computes less than that dense model.", transform=ax.transAxes, ha="center",
-        va="top", fontsize=8, color="dimgrey");
+ax.legend(fontsize=8, loc="lower left");
 
 # %% [markdown]
 # **Claim (Fig. 7): BPR is clearly ahead of vanilla routing once C drops below 0.5**, where with k = 2 the

@@ -104,9 +104,10 @@ _hidden_tests()
 # ## 3. Global entropy loss (3 points)
 #
 # For every group, the modality's marginal distribution `p~` is the mean of `softmax(logits)` over its
-# selected tokens. Without a threshold (`tau=None`) the loss is `-H(p~)`; with a threshold `tau > 0` it is
+# selected tokens. Without a threshold (`tau=None`) the loss is `-H(p~)`; with a threshold `tau` it is
 # `max(0, tau - H(p~))`, which stops pushing once the marginal entropy reaches `tau` (with `tau = log S` the
-# modality must use at least about S experts). Mean over the groups that have selected tokens.
+# modality must use at least about S experts; any `tau <= 0` turns the loss off, as an entropy is never
+# negative). Mean over the groups that have selected tokens.
 
 # %% nbgrader={"grade": false, "grade_id": "global_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def global_entropy_loss(logits, mask, tau=None):

@@ -84,5 +84,6 @@ def seed_table(runs: list[dict], variant: str = "") -> str:
     for kind, spread in sorted(accuracy.items(), key=lambda item: order.index(item[0]) if item[0] in order else 9):
         lines.append(f"| {KIND_NAMES.get(kind, kind)} | {first[kind]['flops'] / 1e6:.2f} "
                      f"| {first[kind]['params'] / 1e3:.0f}k | {spread.mean:.3f} ± {spread.std:.3f} "
-                     f"({spread.low:.3f}-{spread.high:.3f}) | {loss[kind].mean:.3f} | {', '.join(map(str, spread.seeds))} |")
+                     f"({spread.low:.3f}-{spread.high:.3f}) | {loss[kind].mean:.3f} "
+                     f"| {', '.join(map(str, spread.seeds))} |")
     return "\n".join(lines)

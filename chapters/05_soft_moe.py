@@ -318,9 +318,10 @@ assert growth["tokens_choice"] >= 2 * growth["soft"], growth
 # ## 5. What a slot looks at (Fig. 10)
 #
 # Each slot's dispatch weights form a map over the image's patches. Below, for the trained Soft MoE, the first
-# MoE layer (block 2): the four most selective of its 16 slots on four test digits. The colour is the share
-# of the slot that each patch contributes (a column of D, in %; 16 patches, so a uniform slot would show
-# 6.25% everywhere).
+# MoE layer (block 2): the four most selective of its 16 slots on four test digits. The colour is how far the
+# share each patch contributes to the slot (a column of D) is from the uniform 1/16 = 6.25%: white for a patch
+# weighed like any other, red for more (full red: twice the uniform share), blue for less -- drawn beside the
+# digit, not over it, so that pale maps read as what they are, slots that average nearly everything.
 
 # %%
 record = forward(soft_model, jnp.asarray(examples["image"][:4])).routing[0]
@@ -333,8 +334,8 @@ print("largest patch share per slot (mean over images), %:", (100 * np.sort(spre
 
 # %% [markdown]
 # **What the pictures show: after this short training the slots are only mildly selective.** Their favourite
-# patch gets at most about 1.6 times the uniform 6.25% (9.9% when we wrote this) (the paper's Fig. 10 shows slots concentrated on a few
-# patches of a trained S/16), because the learned scale has barely moved from 1. Still, the slots follow the
+# patch gets at most about 1.6 times the uniform 6.25% (9.9% when we wrote this; the paper's Fig. 10 shows
+# slots concentrated on a few patches of a trained S/16), because the learned scale has barely moved from 1. Still, the slots follow the
 # content: a slot's favourite patch changes from image to image.
 
 # %%

@@ -50,12 +50,12 @@ def parse(argv=None) -> argparse.Namespace:
 
 
 def variant(args: argparse.Namespace) -> str:
-    """The options of this run that differ from their defaults (seed and --out aside): "" for the recipe itself;
-    the key ``moe_course.analysis.sweeps`` groups the seeds of one configuration by."""
+    """The options of this run that change what it trains (all but seed, --out and --eval-every) and differ from
+    their defaults: "" for the recipe itself; the key ``moe_course.analysis.sweeps`` groups seeds by."""
     defaults = vars(parse([args.kind]))
     shown = lambda value: " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
     return " ".join(f"--{name.replace('_', '-')} {shown(value)}" for name, value in vars(args).items()
-                    if name not in ("kind", "seed", "out") and _plain(value) != _plain(defaults[name]))
+                    if name not in ("kind", "seed", "out", "eval_every") and _plain(value) != _plain(defaults[name]))
 
 
 def _plain(value):

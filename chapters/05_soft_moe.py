@@ -46,7 +46,7 @@ from moe_course.analysis.timing import expert_sweep
 from moe_course.configs import get_preset
 from moe_course.data import ClutteredDigits
 from moe_course.layers import SoftMoE
-from moe_course.models import build_model, soft_moe_param_count, vit_param_count
+from moe_course.models import build_model, count_params, soft_moe_param_count
 from moe_course.routing import CapacityRoundingWarning, apply_soft_experts, soft_routing
 from moe_course.train import TrainConfig, evaluate, train, train_side_by_side
 from moe_course.viz import show_slot_weights
@@ -218,8 +218,7 @@ configs = {"dense": get_preset("vit", "glyphs-tiny"), "Tokens Choice": get_prese
            "Experts Choice": get_preset("vmoe", "glyphs-tiny-ec"), "Soft MoE": get_preset("soft-moe", "glyphs-tiny-soft")}
 kinds = dict(zip(configs, ("dense", "tc", "ec", "soft")))
 flops = {name: flops_per_image(config) for name, config in configs.items()}
-params = {name: vit_param_count(config) if name == "dense" else soft_moe_param_count(config)
-          for name, config in configs.items()}
+params = {name: count_params(lambda: build_model(config, rngs=nnx.Rngs(0))) for name, config in configs.items()}
 for name, config in configs.items():
     moe = flops_breakdown(config)["moe"] / 1e3
     print(f"{name:15s} {flops[name] / 1e6:5.2f} MFLOPs per image ({flops[name] / flops['dense']:.3f} x dense; "
@@ -235,13 +234,15 @@ for i, name in enumerate(configs):
     spread = test[name]
     ax.errorbar(i, spread.mean, yerr=[[spread.mean - spread.low], [spread.high - spread.mean]], fmt="o", ms=7,
                 capsize=4, color=f"C{i}")
-ax.axhline(test["dense"].mean, color="grey", lw=0.8, ls="--", label="dense, mean of the seeds")
+ax.axhline(test["dense"].mean, color="grey", lw=0.8, ls="--")
+ax.annotate("dense, mean", (len(configs) - 0.5, test["dense"].mean), xytext=(-4, 3), textcoords="offset points",
+            ha="right", fontsize=7, color="grey")
 ax.set_xticks(range(len(configs)), [f"{name}\n{flops[name] / flops['dense']:.2f}x dense FLOPs" for name in configs],
               fontsize=8)
 ax.set_xlim(-0.5, len(configs) - 0.5)
 ax.set_ylabel("test accuracy (fraction correct)")
-ax.set_title("digit-glyphs (800 classes), 8,000 steps of 128: mean and range of 3 seeds", fontsize=9)
-ax.legend(fontsize=8, loc="lower right");
+ax.set_title(f"digit-glyphs ({configs['dense'].num_classes} classes), 8,000 steps of 128: mean and range of "
+             f"{len(test['dense'].seeds)} seeds", fontsize=9);
 
 # %% [markdown]
 # SOFT_CLAIMS

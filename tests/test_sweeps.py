@@ -65,6 +65,9 @@ def test_glyphs_table_prints_the_recipes_first_then_each_variant(tmp_path):
     rows = [line for line in recipes.splitlines() if line.startswith("| dense") or line.startswith("| Tokens")]
     assert rows[0].startswith("| dense ViT | 4.70 | 191k | 0.930 ± 0.028 (0.910-0.950) | 0.070 | 0, 1 |"), rows
     assert rows[1].startswith("| Tokens Choice (BPR)"), rows
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "glyphs_table.py"),
+                          "--summary", str(path)], capture_output=True, text=True, check=True).stdout
+    assert "| the recipes | 0.930 (2) | 0.990 (1) |  |  |" in out and "| --experts 4 |  |  |  | 0.500 (1) |" in out, out
 
 
 def test_the_recorded_glyphs_runs_read():

@@ -20,7 +20,8 @@ def summary(runs: list[dict], variants: list[str]) -> str:
     lines = ["| configuration | " + " | ".join(KIND_NAMES.values()) + " |", "| --- |" + " --- |" * len(KIND_NAMES)]
     for variant in variants:
         spread = seed_spread(runs, "test_accuracy", variant)
-        cells = [f"{spread[kind].mean:.3f} ({len(spread[kind].seeds)})" if kind in spread else "" for kind in KIND_NAMES]
+        cells = [f"{spread[kind].mean:.3f} ({len(spread[kind].seeds)})" if kind in spread else ""
+                 for kind in KIND_NAMES]
         lines.append(f"| {variant or 'the recipes'} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

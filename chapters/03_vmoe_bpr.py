@@ -105,18 +105,36 @@ glyphs = seed_spread(glyph_runs)  # {kind: test accuracy over the seeds of the r
 display(Markdown(seed_table([run for run in glyph_runs if run["kind"] in ("dense", "tc")])))
 recipe_flops = {kind: flops_per_image(get_preset(*preset)) for kind, preset in
                 (("dense", ("vit", "glyphs-tiny")), ("tc", ("vmoe", "glyphs-tiny-moe")))}
-last_gain = {kind: np.mean([run["val_curve"][-1][1] - run["val_curve"][-3][1] for run in glyph_runs
-                            if run["variant"] == "" and run["kind"] == kind]) for kind in ("dense", "tc")}
-print(f"forward FLOPs, V-MoE / dense: {recipe_flops['tc'] / recipe_flops['dense']:.3f}; validation accuracy gained "
-      f"over the last 2,000 steps: dense {last_gain['dense']:+.3f}, V-MoE {last_gain['tc']:+.3f} (mean of the seeds)")
+recipe_runs = {(run["kind"], run["seed"]): run for run in glyph_runs if run["variant"] == ""}
+seeds = sorted(seed for kind, seed in recipe_runs if kind == "dense" and ("tc", seed) in recipe_runs)
+lead = {seed: recipe_runs["tc", seed]["test_accuracy"] - recipe_runs["dense", seed]["test_accuracy"] for seed in seeds}
+# validation accuracy gained over the last 1,000 of the 8,000 steps, per run: is the curve still rising?
+late_gain = {key: run["val_curve"][-1][1] - run["val_curve"][-2][1] for key, run in recipe_runs.items()}
+print(f"forward FLOPs, V-MoE / dense: {recipe_flops['tc'] / recipe_flops['dense']:.3f}")
+for seed in seeds:
+    dense_run, moe_run = recipe_runs["dense", seed], recipe_runs["tc", seed]
+    print(f"seed {seed}: V-MoE ahead by {lead[seed]:+.3f}; train loss dense {dense_run['train_loss']:.3f}, "
+          f"V-MoE {moe_run['train_loss']:.3f}; validation accuracy gained in the last 1,000 steps: "
+          f"dense {late_gain['dense', seed]:+.3f}, V-MoE {late_gain['tc', seed]:+.3f}")
 
 # %% [markdown]
-# GLYPH_CLAIMS
+# **Claim: on digit-glyphs the V-MoE beats the dense model of equal FLOPs once both have trained -- on every
+# seed, by 3.0 points of test accuracy on average** (0.980 against 0.950; per seed +3.6, +0.8 and +4.6 points,
+# so the lead varies as much as the dense model does from seed to seed). Both have learned what this schedule
+# teaches: over its last 1,000 steps, with the learning rate decaying to zero, no curve gains more than a point.
+# The V-MoE also fits its training canvases better on every seed (train loss 0.091 against 0.197 on average):
+# the sign of a dense model with more to store than its parameters hold. Whether a much longer schedule would let
+# the dense model close the gap is another question -- at equal training compute, the comparison the paper
+# makes, the experts win. Chapter 5 adds Experts Choice and Soft MoE to this table, and
+# `benchmarks/README.md` ("Where experts pay") keeps the whole sweep that found this regime: with 300 glyphs
+# both models reach 99% and tie, with all 1,720 the V-MoE leads by 1.8 points (one seed).
 
 # %%
 assert len(glyphs["dense"].seeds) >= 3 and len(glyphs["tc"].seeds) >= 3, glyphs
 assert 1.0 <= recipe_flops["tc"] / recipe_flops["dense"] <= 1.05, recipe_flops
-GLYPH_ASSERTS
+assert all(lead[seed] > 0 for seed in seeds) and np.mean(list(lead.values())) >= 0.02, lead
+assert all(recipe_runs["tc", seed]["train_loss"] < recipe_runs["dense", seed]["train_loss"] for seed in seeds)
+assert all(late_gain[kind, seed] <= 0.01 for kind in ("dense", "tc") for seed in seeds), late_gain
 
 # %% [markdown]
 # From here on we study *routing*, on the digits V-MoE above: trained for 800 steps of 64 images (about 77% of

@@ -228,6 +228,12 @@ assert all(0.95 < flops[name] / flops["dense"] < 1.1 for name in configs), flops
 glyph_runs = read_runs(RESULTS / "glyphs.jsonl")
 display(Markdown(seed_table(glyph_runs)))
 test = {name: seed_spread(glyph_runs)[kinds[name]] for name in configs}
+train_loss = {name: seed_spread(glyph_runs, "train_loss")[kinds[name]].mean for name in configs}
+recipe_runs = {(run["kind"], run["seed"]): run["test_accuracy"] for run in glyph_runs if run["variant"] == ""}
+versus_dense = {name: {seed: recipe_runs[kinds[name], seed] - recipe_runs["dense", seed]
+                       for seed in test["dense"].seeds} for name in configs if name != "dense"}
+for name, gaps in versus_dense.items():
+    print(f"{name:15s} minus dense, per seed: " + ", ".join(f"{gap:+.3f}" for gap in gaps.values()))
 
 fig, ax = plt.subplots(figsize=(6, 3.4))  # equal costs, so one model per column rather than a cost axis
 for i, name in enumerate(configs):
@@ -235,8 +241,8 @@ for i, name in enumerate(configs):
     ax.errorbar(i, spread.mean, yerr=[[spread.mean - spread.low], [spread.high - spread.mean]], fmt="o", ms=7,
                 capsize=4, color=f"C{i}")
 ax.axhline(test["dense"].mean, color="grey", lw=0.8, ls="--")
-ax.annotate("dense, mean", (len(configs) - 0.5, test["dense"].mean), xytext=(-4, 3), textcoords="offset points",
-            ha="right", fontsize=7, color="grey")
+ax.annotate("dense, mean", (0.5, test["dense"].mean), xytext=(0, 3), textcoords="offset points", ha="center",
+            fontsize=7, color="grey")  # between the first two columns, clear of the range bars
 ax.set_xticks(range(len(configs)), [f"{name}\n{flops[name] / flops['dense']:.2f}x dense FLOPs" for name in configs],
               fontsize=8)
 ax.set_xlim(-0.5, len(configs) - 0.5)
@@ -245,11 +251,28 @@ ax.set_title(f"digit-glyphs ({configs['dense'].num_classes} classes), 8,000 step
              f"{len(test['dense'].seeds)} seeds", fontsize=9);
 
 # %% [markdown]
-# SOFT_CLAIMS
+# **What the recorded runs show: Tokens Choice beats the dense model on every seed, by 3.0 points on average;
+# Experts Choice and Soft MoE do not -- on average both tie with it** (0.952 and 0.949 against 0.950; Experts
+# Choice ahead on two seeds and 3.5 points behind on the third, Soft MoE within a point of the dense model on
+# every seed). So the paper's Fig. 3, where Soft MoE sits above Tokens and Experts Choice and all three above
+# the dense model at equal cost, does not reproduce at this scale: here only Tokens Choice turns its extra
+# parameters into accuracy, and Soft MoE fits its training canvases no better than the dense model (mean train
+# loss 0.202 against 0.197; Tokens Choice 0.091). One reason is measurable in section 5: a slot's logits are a
+# cosine similarity times a learned scale that starts at 1, so every slot starts as a near-uniform average of
+# the image's 16 tokens, every expert sees nearly the same mixture, and every token reads back nearly the same
+# answer -- the experts cannot specialise on glyphs until the scale has grown. The paper trains for 300k steps
+# on JFT-4B with hundreds of tokens per image; we train 8,000 steps with 16. The sweep in `benchmarks/README.md`
+# ("Where experts pay") has the other configurations we tried, and accuracy as the experts grow at fixed slots
+# (Fig. 6, left; its step times are section 4).
 
 # %%
 assert all(len(spread.seeds) >= 3 for spread in test.values()), test
-SOFT_ASSERTS
+assert all(gap > 0 for gap in versus_dense["Tokens Choice"].values()), versus_dense
+assert test["Tokens Choice"].mean >= test["dense"].mean + 0.02, test
+assert all(abs(test[name].mean - test["dense"].mean) <= 0.01 for name in ("Soft MoE", "Experts Choice")), test
+assert max(test["Soft MoE"].mean, test["Experts Choice"].mean) <= test["Tokens Choice"].mean - 0.02, test
+assert train_loss["Soft MoE"] > 2 * train_loss["Tokens Choice"], train_loss
+
 
 # %% [markdown]
 # Section 5 looks inside a trained Soft MoE. For that we train one here, on the 10-class digits, for 800

@@ -36,8 +36,9 @@ def test_chapter_executes(chapter, tmp_path):
            "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
     for name in ("MOE_COURSE_FULL_SCALE", "MPLBACKEND"):  # MPLBACKEND would replace the inline backend
         env.pop(name, None)
+    # -x: stop at the first failing cell, so the report ends with the cause rather than the NameErrors after it
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-p", "nbval_outputs", "-q",
+        [sys.executable, "-m", "pytest", "-x", "--nbval-lax", "-p", "no:cacheprovider", "-p", "nbval_outputs", "-q",
          str(notebook)],
         cwd=chapter.parent, env=env, capture_output=True, text=True, timeout=900,
     )

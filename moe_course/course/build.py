@@ -16,7 +16,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from moe_course.course.config import EXERCISES, SOLUTIONS, course_paths, nbgrader_config
+from moe_course.course.config import EXERCISES, SOLUTIONS, checks_file, course_paths, nbgrader_config
 
 ASSIGNMENT_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -69,14 +69,39 @@ def leaked_markers(notebook_path: Path) -> list[str]:
     return [marker for marker in SECRET_MARKERS if marker in text]
 
 
+def install_checks(solution: Path, course_dir: Path) -> Path:
+    """Copy ``checks/<name>.py`` beside ``solution`` into the course (``config.checks_file``) after checking
+    that it has a check for every grade cell of the solution and nothing else; returns the copy.
+    Raises ReleaseError naming the file and the grade cells that differ."""
+    from moe_course.course.answers import load_checks
+
+    name = Path(solution).stem
+    checks = Path(solution).parent / "checks" / f"{name}.py"
+    if not checks.is_file():
+        raise ReleaseError(f"{checks} is missing: every graded cell is judged by a check there (see "
+                           f"solutions/README.md)")
+    graded = {cell.metadata["nbgrader"]["grade_id"] for cell in source_notebook(solution).cells
+              if cell.metadata.get("nbgrader", {}).get("grade")}
+    defined = set(load_checks(checks))
+    if graded != defined:
+        raise ReleaseError(f"{checks} must define one check per grade cell of {solution}: missing "
+                           f"{sorted(graded - defined)}, unknown {sorted(defined - graded)}")
+    target = checks_file(course_dir, name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(checks, target)
+    return target
+
+
 def release(course_dir: Path, names=None, *, solutions_dir: Path = SOLUTIONS,
             exercises_dir: Path | None = EXERCISES) -> list[Path]:
     """Generate the student version of each assignment in ``names`` (all for None) and copy it to
     ``exercises_dir`` (None: only into the course's ``release/``). Also records the assignment and its grade
     cells in the course's gradebook, which ``autograde`` needs. Returns the released notebooks' paths.
 
-    Raises ValueError for an unknown assignment name, ReleaseError when nbgrader fails or a released
-    notebook still holds a SECRET_MARKER.
+    Copies each assignment's checks into the course (``install_checks``).
+
+    Raises ValueError for an unknown assignment name, ReleaseError when nbgrader fails, a released notebook
+    still holds a SECRET_MARKER or the checks do not match the grade cells.
     """
     from nbgrader.apps import NbGraderAPI
 
@@ -87,6 +112,7 @@ def release(course_dir: Path, names=None, *, solutions_dir: Path = SOLUTIONS,
     released = []
     for name in names:
         write_source(Path(solutions_dir) / f"{name}.py", course_dir)
+        install_checks(Path(solutions_dir) / f"{name}.py", course_dir)
         result = api.generate_assignment(name, force=True, create=True)
         if not result["success"]:
             raise ReleaseError(f"nbgrader could not generate {name}: {result['error']}\n{result['log']}")

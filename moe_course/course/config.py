@@ -4,8 +4,9 @@ A course directory follows nbgrader's layout (``source/``, ``release/``, ``submi
 ``feedback/`` with one folder per assignment or per student and assignment) plus the course's own:
 ``gradebook.db`` (the master gradebook: assignments and their grade cells, hidden tests included),
 ``gradebooks/<assignment>/<student>.db|.json`` (one gradebook copy and one result record per graded
-submission, so that parallel grading processes never write the same database), ``jupyter/kernels/``
-(the grading kernel's spec) and ``grades.csv``.
+submission, so that parallel grading processes never write the same database), ``checks/<assignment>.py``
+(the graded checks, copied from ``solutions/checks/`` at release), ``jupyter/kernels/`` (the grading
+kernel's spec) and ``grades.csv``.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def course_paths(course_dir: Path) -> dict[str, Path]:
     """The folders and files of a course directory (see the module docstring), by name."""
     root = Path(course_dir).resolve()
     return {name: root / name for name in ("source", "release", "submitted", "autograded", "feedback",
-                                            "gradebooks", "jupyter")} | {"root": root, "db": root / GRADEBOOK}
+                                            "gradebooks", "jupyter", "checks")} | {"root": root, "db": root / GRADEBOOK}
+
+
+def checks_file(course_dir: Path, assignment: str) -> Path:
+    """The copy of ``solutions/checks/<assignment>.py`` that ``release`` puts into the course directory."""
+    return course_paths(course_dir)["checks"] / f"{assignment}.py"
 
 
 def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits = Limits(),
@@ -137,16 +143,18 @@ def restore_stderr(notebook, resources):
 
 def autograde_preprocessors() -> list:
     """nbgrader's Autograde.autograde_preprocessors with its ``Execute`` replaced by ``CappedExecute`` and
-    SaveAutoGrades between ``hold_stderr`` and ``restore_stderr``."""
+    SaveAutoGrades after ``verdict.score_outside`` (the grader's own checks) and between ``hold_stderr`` and
+    ``restore_stderr``."""
     from nbgrader.converters.autograde import Autograde
     from nbgrader.preprocessors import Execute, SaveAutoGrades
 
     from moe_course.course.output_cap import CappedExecute
+    from moe_course.course.verdict import score_outside
 
     chosen = []
     for preprocessor in Autograde.class_traits()["autograde_preprocessors"].default():
         if preprocessor is SaveAutoGrades:
-            chosen += [hold_stderr, SaveAutoGrades, restore_stderr]
+            chosen += [score_outside, hold_stderr, SaveAutoGrades, restore_stderr]
         else:
             chosen.append(CappedExecute if preprocessor is Execute else preprocessor)
     return chosen

@@ -1,8 +1,10 @@
 """Protections installed inside the grading kernel before any student code runs.
 
-nbgrader has no sandbox: a submission's code runs in the same Python process as the tests that grade it.
-The grading kernel (``moe_course.course.kernel``) therefore calls ``install`` first, which sets up three
-layers, each for a class of hostile or broken submissions:
+A submission's code runs in the same Python process as the hidden tests that call it. Grades are not
+decided there (the hidden tests only record the learner's outputs, ``answers.record``; the grader judges
+them outside, ``verdict``), and the kernel runs in bubblewrap (``sandbox``). The grading kernel
+(``moe_course.course.kernel``) still calls ``install`` first -- the only protection left with
+``--no-sandbox`` -- which sets up three layers, each for a class of hostile or broken submissions:
 
 1. Resource limits (``resource.setrlimit``, inherited by nothing else because the kernel spawns nothing):
    address space (a memory bomb raises ``MemoryError`` in its own cell instead of waking the OOM killer),
@@ -15,8 +17,7 @@ layers, each for a class of hostile or broken submissions:
 3. Before every cell, the modules the hidden tests use (numpy, jax, ``moe_course``, ``builtins``, ``math``)
    are put back as they were when the kernel started: replaced attributes, swapped ``sys.modules`` entries
    and rewritten function code (``f.__code__ = ...``) are undone, and IPython's error display is reset, so
-   monkeypatching in an answer cell cannot make a later hidden test pass. Hidden tests import what they use
-   inside the test cell and compute the library's reference before they call the student's function.
+   monkeypatching in an answer cell cannot change what a later hidden test records.
 
 What this does not do: it is not an operating-system sandbox (``moe_course.course.sandbox`` is: the kernel
 runs in bubblewrap, where the files and processes this hook guards are absent in the first place). Code that unregisters the restore callback
@@ -65,11 +66,13 @@ def set_limits(memory_bytes: int, cpu_seconds: int) -> None:
 
 class FilePolicy:
     """Which paths submitted code may read, list and write. ``home``: the submission's folder (read and
-    write); ``protected``: folders nothing may read or list except inside ``home``."""
+    write); ``protected``: folders nothing may read or list except inside ``home``; ``writable``: further
+    folders that may be written (the answers folder of ``answers.record``)."""
 
-    def __init__(self, home: str, protected: list[str]):
+    def __init__(self, home: str, protected: list[str], writable: list[str] = ()):
         self.home = os.path.realpath(home)
         self.protected = [os.path.realpath(p) for p in protected if p]
+        self.writable = [os.path.realpath(p) for p in writable if p]
 
     @staticmethod
     def _inside(path: str, folder: str) -> bool:
@@ -90,9 +93,10 @@ class FilePolicy:
         return not any(self._inside(resolved, p) for p in self.protected)
 
     def may_write(self, path) -> bool:
-        """True only inside the submission's folder (and for os.devnull)."""
+        """True only inside the submission's folder or a ``writable`` folder (and for os.devnull)."""
         resolved = self._resolve(path)
-        return resolved is None or self._inside(resolved, self.home) or resolved == os.devnull
+        return (resolved is None or resolved == os.devnull
+                or any(self._inside(resolved, folder) for folder in (self.home, *self.writable)))
 
 
 def _is_write(mode, flags) -> bool:
@@ -207,11 +211,11 @@ def install(shell, home: str | None = None) -> ModuleSnapshot:
     import jax  # noqa: F401
     import jax.numpy  # noqa: F401
     import jax.scipy.stats  # noqa: F401
-    import moe_course.routing  # noqa: F401
-    import moe_course.models  # noqa: F401
+    import moe_course.course.answers  # noqa: F401  -- what the hidden tests call
 
     snapshot = ModuleSnapshot()
-    policy = FilePolicy(home or os.getcwd(), os.environ.get(PROTECT_ENV, "").split(os.pathsep))
+    policy = FilePolicy(home or os.getcwd(), os.environ.get(PROTECT_ENV, "").split(os.pathsep),
+                        [os.environ.get(moe_course.course.answers.ANSWERS_ENV, "")])
 
     def before_cell(*_):
         snapshot.restore()

@@ -16,15 +16,18 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from moe_course.course.config import Limits, course_paths, nbgrader_config
+from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
+from moe_course.course.config import Limits, checks_file, course_paths, nbgrader_config
 from moe_course.course.kernel import KERNEL_NAME
 from moe_course.course.sandbox import SCRATCH_ENV
+from moe_course.course.verdict import FAILED
 
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
 # What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
@@ -63,9 +66,11 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
         log = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
         if outcome["success"] or not any(sign in log for sign in KERNEL_START_FAILURES):
             break
-    record = {"student": student, "assignment": assignment, "seconds": round(time.perf_counter() - start, 2)}
+    record = {"student": student, "assignment": assignment, "seconds": round(time.perf_counter() - start, 2),
+              "seed": int(os.environ[SEED_ENV])}
     if outcome["success"]:
-        record.update(status="graded", error="", **submission_scores(db, assignment, student))
+        record.update(status="graded", error="", **submission_scores(db, assignment, student),
+                      failed_checks=failed_checks(course_dir, assignment, student))
     else:
         result_path.with_suffix(".log").write_text(log)
         error = summarise_error(log) + (f" (kernel started {attempt} times)" if attempt > 1 else "")
@@ -77,18 +82,33 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
 def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path) -> dict:
     """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
 
-    The kernel's sockets and (in the sandbox) its private copy of the submission's folder live in a scratch
-    folder of this process's own, removed afterwards.
+    The kernel's sockets, the answers its hidden tests record (``answers.record``, judged here by
+    ``verdict.score_outside`` after the kernel ended) and (in the sandbox) its private copy of the
+    submission's folder live in a scratch folder of this process's own, removed afterwards. The checks'
+    inputs are drawn from a fresh random seed, so answers computed before grading match nothing.
     """
     from nbgrader.apps import NbGraderAPI
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     with tempfile.TemporaryDirectory(prefix="moe-grade-") as scratch:
         (Path(scratch) / "ipc").mkdir()
-        os.environ[SCRATCH_ENV] = scratch
+        (Path(scratch) / "answers").mkdir()
+        os.environ.update({SCRATCH_ENV: scratch, ANSWERS_ENV: str(Path(scratch) / "answers"),
+                           CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(secrets.randbits(31))})
         config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME,
                                  sockets=Path(scratch) / "ipc")
         return NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
+
+
+def failed_checks(course_dir: Path, assignment: str, student: str) -> dict[str, str]:
+    """{grade_id: reason} of the checks that failed, from the autograded notebook (``verdict.score_outside``)."""
+    notebook = course_paths(course_dir)["autograded"] / student / assignment / f"{assignment}.ipynb"
+    failed = {}
+    for cell in json.loads(notebook.read_text())["cells"]:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error" and output.get("ename") == FAILED:
+                failed[cell["metadata"]["nbgrader"]["grade_id"]] = output["evalue"]
+    return failed
 
 
 def summarise_error(log: str) -> str:

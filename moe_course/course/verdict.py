@@ -1,0 +1,136 @@
+"""Grades decided outside the learner's process: the grader reads the outputs a hidden test wrote
+(``answers.record``), computes the references with the course library and compares.
+
+Runs in the grading worker, after the sandboxed kernel has ended: ``score_outside`` is an nbgrader
+preprocessor placed before SaveAutoGrades. For every grade cell with a check it replaces what the kernel
+said by the grader's verdict: the cell's errors are dropped when the check passes (full points), and one
+error naming the failed case and why is added when it does not (0 points). The reason never quotes the
+expected values. The answers are read as plain arrays only (``numpy.load(allow_pickle=False)``, regular
+files, numbers), so nothing the learner's code returns can run code or compare equal to anything here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, as_outputs, check_cases, load_checks
+
+MAX_ANSWER_BYTES = 64 * 2**20  # as the sandbox's file-size limit
+NUMBER_KINDS = "biuf"  # bool, int, unsigned, float: what an answer may hold
+FAILED = "CheckFailed"  # the ename of the error a failed check adds to its cell
+
+
+def _compare(got, want, check: Check) -> str | None:
+    """Why output ``got`` does not match the reference ``want`` (None when it does)."""
+    want = np.asarray(want)
+    if got.dtype.kind not in NUMBER_KINDS:
+        return f"is not numbers (dtype {got.dtype})"
+    if check.scalar and got.shape != ():
+        return f"is not one number (shape {got.shape})"
+    if got.shape != want.shape:
+        return f"has shape {got.shape}, expected {want.shape}"
+    got, want = got.astype(np.float64), want.astype(np.float64)
+    bad = np.isfinite(want) & ~np.isfinite(got)
+    if bad.any():
+        return f"has {int(bad.sum())} non-finite value(s) (nan or inf) where the reference is finite"
+    close = got == want if check.exact else np.isclose(got, want, rtol=check.rtol, atol=check.atol, equal_nan=True)
+    if not close.all():  # how far off is not said: with one's own output it would give the expected value
+        return f"differs from the reference in {int((~close).sum())} of {close.size} value(s)"
+    return None
+
+
+def judge(check: Check, grade_id: str, cases: list[tuple], outputs: list[tuple]) -> str | None:
+    """Compare the learner's ``outputs`` (one tuple of arrays per case) with the references of ``check`` on
+    ``cases``; returns the first failure as one line, or None when every case matches."""
+    for index, (case, got) in enumerate(zip(cases, outputs)):
+        want = as_outputs(check.reference(*case))
+        where = f"{grade_id}, case {index + 1} of {len(cases)}"
+        if len(got) != len(want):
+            return f"{where}: returned {len(got)} output(s), expected {len(want)}"
+        for position, (g, w) in enumerate(zip(got, want)):
+            if (why := _compare(np.asarray(g), w, check)) is not None:
+                return f"{where}: output {position + 1} {why}"
+    return None
+
+
+def _read_regular(path: Path) -> bytes | None:
+    """The bytes of ``path`` if it is a regular file (not a link, FIFO or device) of at most
+    MAX_ANSWER_BYTES; None otherwise. Opened without following links and without blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ANSWER_BYTES:
+            return None
+        return handle.read(MAX_ANSWER_BYTES + 1)
+
+
+def read_outputs(folder: Path, grade_id: str, cases: int) -> list[tuple] | str:
+    """The outputs ``answers.record`` wrote for ``grade_id`` (one tuple per case), or why there are none."""
+    import io
+
+    raw = _read_regular(Path(folder) / f"{grade_id}.npz")
+    if raw is None:
+        error = _read_regular(Path(folder) / f"{grade_id}.json")
+        try:
+            said = json.loads(error)["error"] if error else None
+        except (ValueError, KeyError, TypeError):
+            said = None
+        if isinstance(said, str):
+            return f"{grade_id}: your function raised {said[:300]}"
+        return f"{grade_id}: no answers were recorded (the cell stopped before its graded check)"
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as stored:
+            arrays = {name: stored[name] for name in stored.files}
+    except Exception as error:  # a damaged or forged file
+        return f"{grade_id}: the recorded answers cannot be read ({type(error).__name__})"
+    outputs = []
+    for index in range(cases):
+        count = sum(1 for name in arrays if name.startswith(f"c{index}_"))
+        if count == 0:
+            return f"{grade_id}: no answer recorded for case {index + 1}"
+        outputs.append(tuple(arrays.get(f"c{index}_{position}") for position in range(count)))
+    if any(o is None for case in outputs for o in case):
+        return f"{grade_id}: the recorded answers are incomplete"
+    return outputs
+
+
+def verdicts(checks_file: Path, answers: Path, seed: int) -> dict[str, str | None]:
+    """{grade_id: None (passed) or the reason it failed} for every check of ``checks_file``."""
+    results = {}
+    for grade_id, check in load_checks(checks_file).items():
+        cases = check_cases(check, grade_id, seed)
+        outputs = read_outputs(answers, grade_id, len(cases))
+        results[grade_id] = outputs if isinstance(outputs, str) else judge(check, grade_id, cases, outputs)
+    return results
+
+
+def score_outside(notebook, resources):
+    """nbgrader preprocessor (after Execute, before SaveAutoGrades): the grader's verdict on every checked
+    grade cell (see the module docstring). Reads the checks file, answers folder and seed from the
+    environment the worker set (``answers.CHECKS_ENV``, ``ANSWERS_ENV``, ``SEED_ENV``); does nothing without."""
+    from nbformat.v4 import new_output
+
+    if CHECKS_ENV not in os.environ or ANSWERS_ENV not in os.environ:
+        return notebook, resources
+    results = verdicts(Path(os.environ[CHECKS_ENV]), Path(os.environ[ANSWERS_ENV]), int(os.environ[SEED_ENV]))
+    resources["moe_course_verdicts"] = results
+    for cell in notebook.cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if cell.cell_type != "code" or not cell.metadata.get("nbgrader", {}).get("grade") or grade_id not in results:
+            continue
+        outputs = list(cell.get("outputs", []))
+        if results[grade_id] is None:  # passed: what the kernel raised after recording does not count
+            outputs = [o for o in outputs if o.get("output_type") != "error"]
+        else:
+            outputs.append(new_output("error", ename=FAILED, evalue=results[grade_id],
+                                      traceback=[f"{FAILED}: {results[grade_id]}"]))
+        cell.outputs = outputs
+    return notebook, resources

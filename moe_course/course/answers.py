@@ -35,7 +35,10 @@ class Check:
     ``rng``, a ``numpy.random.Generator``); ``reference(*args)`` gives the expected output (an array, a
     number, or a tuple of them) from the course library -- it runs only outside the sandbox. Outputs are
     compared with ``numpy.allclose(rtol, atol)``, exactly for ``exact=True``; ``scalar=True`` also requires
-    each output to be one number (a Python or NumPy scalar, or a 0-d array)."""
+    each output to be one number (a Python or NumPy scalar, or a 0-d array). ``call(function, *args)``, when
+    given, is how the learner's function is called and its outputs taken (default ``function(*args)``): for
+    a function that takes a callable or returns something other than arrays. ``cases`` and ``call`` run in
+    the sandbox, so they may use NumPy but not the course library."""
 
     cases: Callable
     reference: Callable
@@ -43,6 +46,12 @@ class Check:
     atol: float = 1e-6
     exact: bool = False
     scalar: bool = False
+    call: Callable | None = None
+
+    def outputs(self, function: Callable, case: tuple) -> tuple:
+        """The learner's outputs on one case (arrays in the case are copied first)."""
+        args = [argument.copy() if isinstance(argument, np.ndarray) else argument for argument in case]
+        return as_outputs(self.call(function, *args) if self.call else function(*args))
 
 
 def load_checks(path: str | os.PathLike) -> dict[str, Check]:
@@ -66,10 +75,6 @@ def as_outputs(value) -> tuple:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def _copy(argument):
-    return argument.copy() if isinstance(argument, np.ndarray) else argument
-
-
 def record(grade_id: str, function: Callable) -> None:
     """Run ``function`` on every case of check ``grade_id`` and write the outputs for the grader
     (``<MOE_COURSE_ANSWERS>/<grade_id>.npz``, arrays ``c<case>_<output>``, no pickles), or the exception it
@@ -81,7 +86,7 @@ def record(grade_id: str, function: Callable) -> None:
     if folder is None:
         from moe_course.course.verdict import judge
 
-        reason = judge(checks[grade_id], grade_id, cases, [as_outputs(function(*map(_copy, c))) for c in cases])
+        reason = judge(checks[grade_id], grade_id, cases, [checks[grade_id].outputs(function, c) for c in cases])
         assert reason is None, reason
         return
     target = Path(folder)
@@ -90,7 +95,7 @@ def record(grade_id: str, function: Callable) -> None:
     try:
         arrays = {}
         for index, case in enumerate(cases):
-            for position, output in enumerate(as_outputs(function(*map(_copy, case)))):
+            for position, output in enumerate(checks[grade_id].outputs(function, case)):
                 array = np.asarray(output)
                 if array.dtype.hasobject:
                     raise TypeError(f"output {position + 1} is an object array; return numbers")

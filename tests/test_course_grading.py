@@ -1,6 +1,6 @@
 """Every assignment's round trip through the real `moe-course course` commands: the solution scores full
 marks, the released exercise as handed out scores 0, a partly answered one scores in between; feedback holds
-no hidden test. Needs nbgrader (the `test` extra installs it)."""
+no hidden test and names every failed check. Needs nbgrader (the `test` extra installs it)."""
 
 import csv
 import json
@@ -55,7 +55,11 @@ def test_round_trip(course, name, tmp_path, capsys):
     assert main(["course", "feedback", name, "--course-dir", str(course)]) == 0
     for student in (full, zero, partial):
         html = (course / "feedback" / student / name / f"{name}.html").read_text()
-        assert "HIDDEN TESTS" not in html and "_hidden_tests" not in html and "from moe_course" not in html
+        assert "HIDDEN TESTS" not in html and "_answers.record" not in html and "moe_course.course" not in html
+        # every check that failed says so, with its reason, in the cell it grades (the grader's verdict)
+        failed = json.loads((course / "gradebooks" / name / f"{student}.json").read_text())["failed_checks"]
+        assert all(f"CheckFailed: {grade_id}" in html for grade_id in failed), (student, failed)
+    assert not json.loads((course / "gradebooks" / name / f"{full}.json").read_text())["failed_checks"]
     with capsys.disabled():
         print(f"\n{name}: 3 submissions autograded in {seconds:.1f} s (wall, 2 jobs)")
 

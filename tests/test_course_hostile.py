@@ -14,6 +14,7 @@ pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -
 
 from course_submissions import answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
+from moe_course.course.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
 
 NAME = "00_tiny"
 CELL_TIMEOUT = 15  # s; long enough for a correct cell on a loaded 2-core machine
@@ -35,17 +36,8 @@ def probs(logits):
 # %% nbgrader={"grade": true, "grade_id": "probs_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 assert probs(np.zeros((1, 2))).shape == (1, 2)
 ### BEGIN HIDDEN TESTS
-def _hidden_tests():
-    import numpy
-    from numpy import allclose
-    from moe_course.routing import router_probabilities  # SECRET-HIDDEN-TEST-TEXT
-
-    logits = numpy.random.default_rng(1).normal(size=(2, 5, 4)).astype(numpy.float32)
-    want = numpy.asarray(router_probabilities(logits))
-    assert allclose(numpy.asarray(probs(logits.copy())), want, atol=1e-6)
-
-
-_hidden_tests()
+import moe_course.course.answers as _answers  # SECRET-HIDDEN-TEST-TEXT
+_answers.record("probs_tests", probs)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": false, "grade_id": "double_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
@@ -57,15 +49,26 @@ def double(x):
 
 # %% nbgrader={"grade": true, "grade_id": "double_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 ### BEGIN HIDDEN TESTS
-def _hidden_tests():
-    import numpy
-
-    values = numpy.arange(5.0)
-    assert numpy.array_equal(double(values.copy()), 2 * values)
-
-
-_hidden_tests()
+import moe_course.course.answers as _answers
+_answers.record("double_tests", double)
 ### END HIDDEN TESTS
+'''
+CHECKS = '''"""The checks of the small assignment: inputs from the grading seed, references from the library."""
+import numpy as np
+
+from moe_course.course.answers import Check
+
+
+def _probs(logits):
+    from moe_course.routing import router_probabilities
+
+    return np.asarray(router_probabilities(logits))
+
+
+CHECKS = {
+    "probs_tests": Check(lambda rng: [(rng.normal(size=(2, 5, 4)).astype(np.float32),)], _probs, atol=1e-6),
+    "double_tests": Check(lambda rng: [(rng.normal(size=5),)], lambda values: 2 * values, exact=True),
+}
 '''
 GOOD = {"probs_answer": SOLUTION.split("### BEGIN SOLUTION\n")[1].split("    ### END")[0]}
 
@@ -93,6 +96,8 @@ def graded(tmp_path_factory):
     solutions, course = root / "solutions", root / "course"
     solutions.mkdir()
     (solutions / f"{NAME}.py").write_text(SOLUTION)
+    (solutions / "checks").mkdir()
+    (solutions / "checks" / f"{NAME}.py").write_text(CHECKS)
     assert main(["course", "release", NAME, "--course-dir", str(course), "--solutions", str(solutions),
                  "--exercises", str(root / "exercises")]) == 0
     released = course / "release" / NAME / f"{NAME}.ipynb"
@@ -130,6 +135,12 @@ def graded(tmp_path_factory):
     markdown.update(cell_type="markdown")
     for key in ("outputs", "execution_count"):
         markdown.pop(key, None)
+    checks = load_checks(solutions / "checks" / f"{NAME}.py")
+    case, = check_cases(checks["probs_tests"], "probs_tests", DEFAULT_SEED)
+    known = checks["probs_tests"].reference(*case).tolist()  # what the seed-0 inputs should give
+    forge = ("\nimport os, io\nbuffer = io.BytesIO()\nnp.savez(buffer, c0_0=np.full((2, 5, 4), 0.25))\n"
+             "os.remove('/grading/answers/probs_tests.npz')\n"
+             "open('/grading/answers/probs_tests.npz', 'wb').write(buffer.getvalue())")
     submissions = {
         "good": full,
         "good2": full,
@@ -169,6 +180,17 @@ def graded(tmp_path_factory):
                         "    print('x' * 2**20)"),
         "warns": _with(full, double_answer="import sys, warnings\ndef double(x):\n    warnings.warn('slow')\n"
                        "    print('doubling', file=sys.stderr)\n    return 2 * x"),
+        "library": _with(full, probs_answer="def probs(logits):\n    from moe_course.routing import "
+                         "router_probabilities\n    return np.asarray(router_probabilities(logits))"),
+        "hardcoded": _with(full, probs_answer=f"def probs(logits):\n    known = np.array({known!r})\n"
+                           "    return known if logits.shape == known.shape else np.zeros_like(logits)"),
+        "object_equal": _with(full, double_answer="class Equal:\n    def __eq__(self, other):\n        return True\n"
+                              "def double(x):\n    return np.array([Equal() for _ in x], dtype=object)"),
+        "forges_answers": _with(full, probs_answer=wrong_probs, double_answer=correct["double_answer"] + forge),
+        "answers_fifo": _with(full, probs_answer=wrong_probs, double_answer=correct["double_answer"]
+                              + "\nimport os\nos.remove('/grading/answers/probs_tests.npz')\n"
+                              "os.mkfifo('/grading/answers/probs_tests.npz')\n"
+                              "os.symlink('/etc/passwd', '/grading/answers/probs_tests.json')"),
         "empty": "",
         "malformed": '{"cells": [ this is not json',
     }
@@ -238,12 +260,11 @@ def test_edited_deleted_duplicated_and_retyped_test_cells_are_restored(graded):
 def test_monkeypatching_what_the_tests_use_does_not_pass_them(graded):
     assert _score(graded, "monkeypatch") == 0.0
     assert _score(graded, "code_patch") == 1.0  # its double is right; the probs test sees the real library
-    assert "Error" in _outputs(graded, "code_patch", "probs_tests")
+    assert "CheckFailed" in _outputs(graded, "code_patch", "probs_tests")
     assert "assigns an attribute" in graded["grades"]["monkeypatch"]["flags"]
     assert "uses .__code__" in graded["grades"]["code_patch"]["flags"]
-    # Unregistering the kernel's pre-cell restore (then patching) is beyond what the grading kernel prevents
-    # (see moe_course/course/guard.py); the flags name it for a human, whatever the score.
-    assert graded["grades"]["unhooks"]["status"] == "graded"
+    # Unregistering the kernel's pre-cell restore, then patching, gains nothing: the grader compares outside.
+    assert graded["grades"]["unhooks"]["status"] == "graded" and _score(graded, "unhooks") == 2.0
     assert "uses get_ipython" in graded["grades"]["unhooks"]["flags"]
     assert "assigns an attribute (numpy.array_equal)" in graded["grades"]["unhooks"]["flags"]
 
@@ -298,3 +319,20 @@ def test_a_correct_answer_that_warns_on_stderr_keeps_its_marks(graded):
 
 def test_every_row_says_it_was_graded_in_the_sandbox(graded):
     assert {row["sandbox"] for row in graded["grades"].values()} == {"bwrap"}
+
+
+def test_grades_are_decided_outside_the_sandbox(graded):
+    """The hidden tests only record outputs; the grader draws the inputs from a fresh seed per submission and
+    compares with the library outside the sandbox, where the learner's code never runs."""
+    assert _score(graded, "library") == 1.0  # the reference is not in the sandbox to be called
+    assert "ModuleNotFoundError" in _outputs(graded, "library", "probs_tests")
+    assert _score(graded, "hardcoded") == 1.0  # answers for the seed-0 inputs match no submission's inputs
+    assert "probs_tests, case 1 of 1: output 1 differs from the reference" in _outputs(graded, "hardcoded",
+                                                                                        "probs_tests")
+    assert _score(graded, "object_equal") == 2.0  # an object array that equals anything is not numbers
+    assert "object array" in _outputs(graded, "object_equal", "double_tests")
+    for student in ("forges_answers", "answers_fifo"):  # a forged, special or linked answers file: no marks
+        assert graded["grades"][student]["status"] == "graded" and _score(graded, student) == 1.0, student
+    records = [json.loads(p.read_text()) for p in (graded["course"] / "gradebooks" / NAME).glob("*.json")]
+    seeds = [r["seed"] for r in records if r["status"] == "graded"]
+    assert len(seeds) > 20 and len(set(seeds)) == len(seeds), seeds  # 2**31 seeds: a repeat is a bug

@@ -76,7 +76,8 @@ def as_outputs(value) -> tuple:
 
 
 def record(grade_id: str, function: Callable) -> None:
-    """Run ``function`` on every case of check ``grade_id`` and write the outputs for the grader
+    """Run ``function`` (or what the check's ``call`` takes: a tuple of functions, say) on every case of
+    check ``grade_id`` and write the outputs for the grader
     (``<MOE_COURSE_ANSWERS>/<grade_id>.npz``, arrays ``c<case>_<output>``, no pickles), or the exception it
     raised (``<grade_id>.json``). Outside grading, compare right away (``verdict.judge``) instead."""
     folder = os.environ.get(ANSWERS_ENV)

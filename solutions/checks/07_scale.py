@@ -1,0 +1,213 @@
+"""Checks of assignment 07: the inputs each answer is called on, and the course library's reference.
+
+Runs in two places: in the grading sandbox (``cases``, the inputs, drawn from the grading seed, and ``call``,
+which calls the learner's function and turns what it did into arrays) and in the grader (``reference``,
+with the library and JAX). See ``moe_course.course.answers``. Apart from ``Check``, only the ``reference``
+functions import ``moe_course`` (inside their bodies).
+
+The grading kernel has ONE device, so the references simulate the n devices of an all-to-all as a named axis
+of ``jax.vmap``: JAX runs the same collective over that axis (its batching rule), on one device.
+(tests/test_parallel.py checks that ``parallel.exchange`` under such a vmap equals, bit for bit, the same
+function inside ``jax.shard_map`` on 8 devices. ``apply_experts_parallel`` on a one-device mesh would not do:
+an all-to-all over an axis of size 1 moves nothing.)
+
+Where an answer must raise ValueError, the case ends with ``RAISES`` and its one output is whether the
+learner's function raised ValueError (1) or returned (0); the reference says whether the library refuses the
+same input. Other cases end with ``RETURNS`` and their outputs are the function's return values.
+"""
+
+import numpy as np
+
+from moe_course.course.answers import Check
+
+RETURNS, RAISES = "returns", "raises"  # the last argument of a case: what the function must do
+
+
+def _raised(function, *args) -> np.ndarray:
+    """1 when ``function(*args)`` raises ValueError, 0 when it returns (any other exception propagates)."""
+    try:
+        function(*args)
+    except ValueError:
+        return np.array(1)
+    return np.array(0)
+
+
+# all_to_all_tests: all_to_all(per_device, split_axis, concat_axis) against jax.lax.all_to_all(tiled=True).
+
+def _all_to_all_cases(rng):
+    cases = [(rng.permutation(4 * 8 * 6).astype(np.float32).reshape(4, 8, 6), 0, 1),  # distinct values
+             (rng.normal(size=(2, 6, 4, 3)).astype(np.float32), 1, 0),
+             (rng.normal(size=(3, 2, 6, 5)).astype(np.float32), 1, 2),
+             (rng.normal(size=(4, 4, 3)).astype(np.float32), 0, 0),
+             (rng.normal(size=(1, 2, 3)).astype(np.float32), 0, 1)]  # one device: nothing moves
+    return [case + (RETURNS,) for case in cases] + [(rng.normal(size=(4, 6, 2)), 0, 1, RAISES)]  # 6 rows, 4 devices
+
+
+def _all_to_all_call(function, per_device, split_axis, concat_axis, mode):
+    if mode == RAISES:
+        return _raised(function, per_device, split_axis, concat_axis)
+    return np.asarray(function(per_device, split_axis, concat_axis))
+
+
+def _all_to_all(per_device, split_axis, concat_axis, mode):
+    import jax
+
+    def collective(x):
+        return jax.vmap(lambda a: jax.lax.all_to_all(a, "devices", split_axis, concat_axis, tiled=True),
+                        axis_name="devices")(x)
+
+    if mode == RAISES:
+        return _raised(collective, per_device)
+    return np.asarray(collective(per_device))
+
+
+# exchange_tests: (to_experts, to_owners) against the library's exchange there and back
+# (jax.lax.all_to_all over the mesh's "expert" axis, simulated as a vmap axis of that name).
+
+def _exchange_cases(rng):
+    cases = []
+    for n, g, experts, capacity, width in [(2, 1, 4, 3, 2), (4, 3, 8, 2, 3), (8, 2, 8, 1, 4), (1, 2, 3, 2, 2)]:
+        buffers = rng.normal(size=(n, g, experts, capacity, width)).astype(np.float32)
+        inbox = rng.normal(size=(n, n * g, experts // n, capacity, width)).astype(np.float32)
+        cases.append((buffers, inbox))
+    return cases
+
+
+def _exchange_call(functions, buffers, inbox):
+    to_experts, to_owners = functions
+    return np.asarray(to_experts(buffers)), np.asarray(to_owners(inbox))
+
+
+def _exchange(buffers, inbox):
+    import functools
+
+    import jax
+
+    from moe_course.parallel import EXPERT, exchange
+
+    there = jax.vmap(exchange, axis_name=EXPERT)
+    back = jax.vmap(functools.partial(exchange, back=True), axis_name=EXPERT)
+    return np.asarray(there(buffers)), np.asarray(back(inbox))
+
+
+# home_tests: expert_home(expert, num_experts, devices) for every expert, against the device the library's
+# exchange delivers that expert's buffer to; ValueError where the library refuses the mesh (check_experts).
+
+def _home_cases(rng):
+    fixed = [(8, 1), (8, 2), (8, 4), (8, 8), (12, 3), (32, 4), (6, 6)]
+    drawn = [(int(n * rng.integers(1, 6)), int(n)) for n in rng.integers(2, 7, size=2)]
+    refused = [(8, 3), (6, 4), (10, 4)]
+    n = int(rng.integers(3, 7))
+    refused.append((int(n * rng.integers(1, 5) + rng.integers(1, n)), n))  # not a multiple of n
+    return [(e, n, RETURNS) for e, n in fixed + drawn] + [(e, n, RAISES) for e, n in refused]
+
+
+def _home_call(function, num_experts, devices, mode):
+    if mode == RAISES:
+        return _raised(function, 0, num_experts, devices)
+    return np.array([int(function(e, num_experts, devices)) for e in range(num_experts)])
+
+
+def _home(num_experts, devices, mode):
+    import jax
+
+    from moe_course.parallel import EXPERT, check_experts, exchange
+
+    if mode == RAISES:
+        return _raised(check_experts, num_experts, devices)
+    # Tag expert e's buffer with e, exchange over n simulated devices, read which device received it.
+    tags = np.broadcast_to(np.arange(num_experts, dtype=np.float32)[None, None, :, None, None],
+                           (devices, 1, num_experts, 1, 1))
+    inbox = np.asarray(jax.vmap(exchange, axis_name=EXPERT)(tags))  # (n, n, E/n, 1, 1)
+    home = np.full(num_experts, -1)
+    for device in range(devices):
+        home[inbox[device, 0, :, 0, 0].astype(int)] = device
+    return home
+
+
+# parallel_tests: expert_parallel(buffers, local_experts) with the MLP experts of a V-MoE layer. Device j's
+# local_experts holds only experts j*E/n ... (j+1)*E/n - 1 -- the shard of the weights that jax.shard_map
+# hands to device j in moe_course.parallel.apply_experts_parallel -- and the result must equal the library's
+# Experts module (the same weights) running all experts on one device. Both use the tanh GELU, which NumPy
+# computes without erf (the sandbox has no SciPy to count on). Output 2 is what
+# local_experts was called with, one row (device, *inbox shape) per call, sorted: every device runs its
+# experts exactly once, on an (n * g, E/n, B, D) inbox.
+
+def _parallel_cases(rng):
+    cases = []
+    for n, g, experts, capacity, width, hidden in [(4, 2, 8, 3, 6, 10), (2, 3, 4, 2, 5, 7)]:
+        buffers = rng.normal(size=(n, g, experts, capacity, width)).astype(np.float32)
+        fc1_kernel = (rng.normal(size=(experts, width, hidden)) / np.sqrt(width)).astype(np.float32)
+        fc1_bias = (0.1 * rng.normal(size=(experts, hidden))).astype(np.float32)
+        fc2_kernel = (rng.normal(size=(experts, hidden, width)) / np.sqrt(hidden)).astype(np.float32)
+        fc2_bias = (0.1 * rng.normal(size=(experts, width))).astype(np.float32)
+        cases.append((buffers, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias))
+    return cases
+
+
+def _gelu_tanh(x):  # jax.nn.gelu(x, approximate=True)
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _parallel_call(function, buffers, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias):
+    n, g, experts, capacity, width = buffers.shape
+    per = experts // n
+    calls = []
+
+    def local_experts(device, inbox):  # a NumPy copy of device `device`'s experts
+        device, inbox = int(device), np.asarray(inbox, np.float64)
+        calls.append((device, *(inbox.shape if inbox.ndim == 4 else (-1,) * 4)))
+        if inbox.shape != (n * g, per, capacity, width) or not 0 <= device < n:
+            return np.zeros_like(inbox)  # the wrong call is reported in output 2
+        mine = slice(device * per, (device + 1) * per)
+        h = _gelu_tanh(np.einsum("gebd,edh->gebh", inbox, fc1_kernel[mine].astype(np.float64))
+                       + fc1_bias[mine][None, :, None])
+        return np.einsum("gebh,ehd->gebd", h, fc2_kernel[mine].astype(np.float64)) + fc2_bias[mine][None, :, None]
+
+    got = np.asarray(function(buffers, local_experts))
+    return got, np.array(sorted(calls), dtype=np.int64).reshape(-1, 5)
+
+
+def _parallel(buffers, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers.experts import Experts
+
+    n, g, experts, capacity, width = buffers.shape
+    module = Experts(experts, width, fc1_kernel.shape[-1], gelu="tanh", rngs=nnx.Rngs(0))
+    for name, value in [("fc1_kernel", fc1_kernel), ("fc1_bias", fc1_bias), ("fc2_kernel", fc2_kernel),
+                        ("fc2_bias", fc2_bias)]:
+        getattr(module, name).value = jnp.asarray(value)
+    with jax.default_matmul_precision("highest"):  # float32 matmuls also on an accelerator
+        one_device = np.asarray(module(jnp.asarray(buffers.reshape(n * g, experts, capacity, width))))
+    calls = [(device, n * g, experts // n, capacity, width) for device in range(n)]
+    return one_device.reshape(buffers.shape), np.array(calls, dtype=np.int64)
+
+
+# bytes_tests: all_to_all_bytes against moe_course.parallel.all_to_all_bytes.
+
+def _bytes_cases(rng):
+    sizes = [(1, 4), (int(rng.integers(2, 9)), int(rng.integers(8, 65)))]
+    return [(g, e, b, d, n, s) for g in (1, 3) for e, n in [(8, 1), (8, 2), (8, 8), (32, 4), (12, 6)]
+            for b, d in sizes for s in (2, 4)]
+
+
+def _bytes_call(function, groups, experts, capacity, dim, devices, itemsize):
+    return int(function(groups, experts, capacity, dim, devices, itemsize=itemsize))
+
+
+def _bytes(groups, experts, capacity, dim, devices, itemsize):
+    from moe_course.parallel import all_to_all_bytes
+
+    return all_to_all_bytes(groups, experts, capacity, dim, devices, itemsize=itemsize)
+
+
+CHECKS = {
+    "all_to_all_tests": Check(_all_to_all_cases, _all_to_all, exact=True, call=_all_to_all_call),
+    "exchange_tests": Check(_exchange_cases, _exchange, exact=True, call=_exchange_call),
+    "home_tests": Check(_home_cases, _home, exact=True, call=_home_call),
+    "parallel_tests": Check(_parallel_cases, _parallel, rtol=1e-5, atol=1e-5, call=_parallel_call),
+    "bytes_tests": Check(_bytes_cases, _bytes, exact=True, scalar=True, call=_bytes_call),
+}

@@ -1,0 +1,91 @@
+"""Checks of assignment 04: the inputs each answer is called on, and the course library's reference.
+
+Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
+NumPy alone) and in the grader (``reference``, with the library: ``moe_course.routing.entropy`` for the
+entropy losses, ``moe_course.train.contrastive`` for the contrastive loss). See ``moe_course.course.answers``.
+"""
+
+import numpy as np
+
+from moe_course.course.answers import Check
+
+
+# 1. entropy: peaked distributions over 6 experts (Dirichlet 0.3: some entries are tiny) with one
+# exactly one-hot row (0 log 0 = 0: no NaN), batched (3, 5, 6) -> (3, 5), and one plain (6,) distribution.
+def _entropy_cases(rng):
+    probs = rng.dirichlet(np.full(6, 0.3), size=(3, 5)).astype(np.float32)
+    probs[0, 0] = np.eye(6, dtype=np.float32)[rng.integers(6)]
+    return [(probs,), (rng.dirichlet(np.full(6, 0.3)).astype(np.float32),)]
+
+
+def _entropy(probs):
+    import jax.numpy as jnp
+
+    from moe_course.routing.entropy import entropy
+
+    return np.asarray(entropy(jnp.asarray(probs)))
+
+
+# 2. local_entropy_loss: a random modality mask with one group that has no token of the modality (it must
+# not count in the mean over groups) and different counts in the others (the mean is per group first, not
+# over all selected tokens at once), and a mask that selects everything.
+def _local_cases(rng):
+    logits = (2 * rng.normal(size=(3, 8, 5))).astype(np.float32)
+    mask = rng.random(size=(3, 8)) < np.array([[0.3], [0.5], [0.8]])  # unequal counts: not a pooled mean
+    mask[[0, 2], rng.integers(8, size=2)] = True
+    mask[1] = False  # a group without tokens of this modality
+    return [(logits, mask), (logits, np.ones((3, 8), bool))]
+
+
+def _local(logits, mask):
+    import jax.numpy as jnp
+
+    from moe_course.routing.entropy import local_entropy_loss
+
+    return float(local_entropy_loss(jnp.asarray(logits), jnp.asarray(mask)))
+
+
+# 3. global_entropy_loss on one set of logits: a random mask with an empty group (it must not count, with or
+# without a threshold), without a threshold (-H), and with tau = log 3 (nearly always below every group's
+# marginal entropy: the loss is 0); everything selected with tau = log 5 (near the largest entropy, log 6:
+# in some groups the threshold still pushes, in others it does not); the random mask with tau = log 6 (the
+# threshold is active in every group with tokens).
+def _global_cases(rng):
+    logits = (2 * rng.normal(size=(4, 9, 6))).astype(np.float32)
+    mask = rng.random(size=(4, 9)) < np.array([[0.4], [0.6], [0.6], [0.9]])  # unequal counts
+    mask[2] = False  # a group without tokens of this modality
+    return [(logits, mask, None), (logits, mask, float(np.log(3))), (logits, np.ones((4, 9), bool), float(np.log(5))),
+            (logits, mask, float(np.log(6)))]
+
+
+def _global(logits, mask, tau):
+    import jax.numpy as jnp
+
+    from moe_course.routing.entropy import global_entropy_loss
+
+    return float(global_entropy_loss(jnp.asarray(logits), jnp.asarray(mask), tau=tau))
+
+
+# 4. contrastive_loss: six L2-normalised random pairs in 5 dimensions, at the temperature the course's LIMoE starts
+# from (logit scale 10) and at log_temperature 0.5.
+def _contrastive_cases(rng):
+    image, text = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
+    image = (image / np.linalg.norm(image, axis=1, keepdims=True)).astype(np.float32)
+    text = (text / np.linalg.norm(text, axis=1, keepdims=True)).astype(np.float32)
+    return [(image, text, float(np.log(10.0))), (image, text, 0.5)]
+
+
+def _contrastive(image, text, log_temperature):
+    import jax.numpy as jnp
+
+    from moe_course.train.contrastive import contrastive_loss
+
+    return float(contrastive_loss(jnp.asarray(image), jnp.asarray(text), jnp.float32(log_temperature))[0])
+
+
+CHECKS = {
+    "entropy_tests": Check(_entropy_cases, _entropy, rtol=1e-4, atol=1e-6),
+    "local_tests": Check(_local_cases, _local, rtol=1e-4, atol=1e-6, scalar=True),
+    "global_tests": Check(_global_cases, _global, rtol=1e-4, atol=1e-6, scalar=True),
+    "contrastive_tests": Check(_contrastive_cases, _contrastive, rtol=1e-4, atol=1e-6, scalar=True),
+}

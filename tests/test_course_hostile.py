@@ -168,6 +168,15 @@ def graded(tmp_path_factory):
         "unhooks": _with(full, probs_answer=correct["probs_answer"] + "\nget_ipython().events.callbacks"
                          "['pre_run_cell'].clear()", double_answer="import numpy\n"
                          "numpy.array_equal = lambda *a, **k: True\ndef double(x):\n    return x"),
+        "post_run_hook": _with(full, probs_answer=wrong_probs + "\ndef hide(result):\n    result.error_in_exec = None\n"
+                               "get_ipython().events.register('post_run_cell', hide)"),
+        "thread_patch": _with(full, probs_answer=wrong_probs + "\nimport threading, time, numpy\ndef patch():\n"
+                              "    while True:\n        numpy.isclose = numpy.allclose = lambda *a, **k: True\n"
+                              "        time.sleep(0.001)\nthreading.Thread(target=patch, daemon=True).start()"),
+        "added_cell": {**full, "cells": full["cells"] + [  # a cell without nbgrader metadata, after the tests
+            {"cell_type": "code", "execution_count": None, "id": "added", "metadata": {}, "outputs": [],
+             "source": "import os\nfor name in os.listdir('/grading/answers'):\n"
+                       "    open('/grading/answers/' + name, 'wb').write(b'')"}]},
         "reads_secrets": _with(full, probs_answer=correct["probs_answer"] + "\n" + readers),
         "writes_outside": _with(full, probs_answer=correct["probs_answer"] + "\n" + writers),
         "dir_fd": _with(full, probs_answer=correct["probs_answer"] + "\nimport os\nroot = os.open('/', os.O_RDONLY)\n"
@@ -331,6 +340,12 @@ def test_grades_are_decided_outside_the_sandbox(graded):
                                                                                         "probs_tests")
     assert _score(graded, "object_equal") == 2.0  # an object array that equals anything is not numbers
     assert "object array" in _outputs(graded, "object_equal", "double_tests")
+    # What once hid a failing test in the kernel -- a post-run hook clearing its error, a thread re-patching the
+    # comparisons -- gains nothing; a cell added after the tests that empties the answers loses them.
+    for student in ("post_run_hook", "thread_patch"):
+        assert _score(graded, student) == 1.0, student
+    assert _score(graded, "added_cell") == 0.0 and graded["grades"]["added_cell"]["status"] == "graded"
+    assert "cannot be read" in _outputs(graded, "added_cell", "probs_tests")
     for student in ("forges_answers", "answers_fifo"):  # a forged, special or linked answers file: no marks
         assert graded["grades"][student]["status"] == "graded" and _score(graded, student) == 1.0, student
     records = [json.loads(p.read_text()) for p in (graded["course"] / "gradebooks" / NAME).glob("*.json")]

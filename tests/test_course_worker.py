@@ -27,13 +27,14 @@ BROKEN = NOT_STARTED.replace("RuntimeError: Kernel didn't respond to heartbeats 
 def course(tmp_path, monkeypatch):
     (tmp_path / "gradebook.db").write_bytes(b"")
     monkeypatch.setattr(worker, "submission_scores", lambda db, a, s: {"score": 7.0, "max_score": 7.0, "cells": {}})
+    monkeypatch.setattr(worker, "failed_checks", lambda course_dir, a, s: {})
     return tmp_path
 
 
 def _replay(monkeypatch, outcomes):
     calls = []
 
-    def autograde(course_dir, assignment, student, limits, db):
+    def autograde(course_dir, assignment, student, limits, db, seed):
         calls.append(student)
         return outcomes[len(calls) - 1]
 
@@ -156,9 +157,15 @@ def test_a_python_and_package_under_tmp_stay_visible_in_the_sandbox(tmp_path, mo
     for folder in (home, sockets):
         folder.mkdir()
     connection.write_text("{}")
-    argv = sandbox.bwrap_argv(home, home, connection, sockets, memory_bytes=2**30, cpu_seconds=10,
-                              file_size_bytes=2**20, env={})
+    runtime, answers, checks = tmp_path / "runtime", tmp_path / "answers", tmp_path / "checks.py"
+    for folder in (runtime, answers):
+        folder.mkdir()
+    (runtime / "marker").write_text("runtime")
+    checks.write_text("checks")
+    argv = sandbox.bwrap_argv(home, home, connection, sockets, runtime=runtime, answers=answers, checks=checks,
+                              memory_bytes=2**30, cpu_seconds=10, file_size_bytes=2**20, env={})
     options = argv[:argv.index("--")]  # bwrap and its mounts, without the kernel command
-    shown = subprocess.run([*options, "--", "/bin/cat", str(python / "marker"), str(package / "marker")],
-                           capture_output=True, text=True, timeout=30)
-    assert shown.returncode == 0 and shown.stdout == "venvmoe_course", shown.stderr
+    shown = subprocess.run([*options, "--", "/bin/cat", str(python / "marker"), str(package / "marker"),
+                            sandbox.CHECKS_INSIDE], capture_output=True, text=True, timeout=30)
+    # the runtime stands where the package is: the course library is not in the sandbox
+    assert shown.returncode == 0 and shown.stdout == "venvruntimechecks", shown.stderr

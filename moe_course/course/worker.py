@@ -60,14 +60,14 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     db, result_path = record_paths(course_dir, assignment, student)
     db.parent.mkdir(parents=True, exist_ok=True)
     result_path.with_suffix(".log").unlink(missing_ok=True)  # an earlier grading's failure
-    start = time.perf_counter()
+    start, seed = time.perf_counter(), secrets.randbits(31)
     for attempt in range(1, KERNEL_STARTS + 1):
-        outcome = _autograde(course_dir, assignment, student, limits, db)
+        outcome = _autograde(course_dir, assignment, student, limits, db, seed)
         log = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
         if outcome["success"] or not any(sign in log for sign in KERNEL_START_FAILURES):
             break
     record = {"student": student, "assignment": assignment, "seconds": round(time.perf_counter() - start, 2),
-              "seed": int(os.environ[SEED_ENV])}
+              "seed": seed}
     if outcome["success"]:
         record.update(status="graded", error="", **submission_scores(db, assignment, student),
                       failed_checks=failed_checks(course_dir, assignment, student))
@@ -79,13 +79,13 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     return record
 
 
-def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path) -> dict:
+def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int) -> dict:
     """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
 
     The kernel's sockets, the answers its hidden tests record (``answers.record``, judged here by
     ``verdict.score_outside`` after the kernel ended) and (in the sandbox) its private copy of the
     submission's folder live in a scratch folder of this process's own, removed afterwards. The checks'
-    inputs are drawn from a fresh random seed, so answers computed before grading match nothing.
+    inputs are drawn from ``seed`` (random per submission), so answers computed before grading match nothing.
     """
     from nbgrader.apps import NbGraderAPI
 
@@ -94,7 +94,7 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
         (Path(scratch) / "ipc").mkdir()
         (Path(scratch) / "answers").mkdir()
         os.environ.update({SCRATCH_ENV: scratch, ANSWERS_ENV: str(Path(scratch) / "answers"),
-                           CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(secrets.randbits(31))})
+                           CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(seed)})
         config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME,
                                  sockets=Path(scratch) / "ipc")
         return NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)

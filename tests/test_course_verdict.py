@@ -1,0 +1,131 @@
+"""The grader's side of a check (moe_course.course.verdict) and the recorder the hidden tests call
+(moe_course.course.answers), without a kernel: inputs from the seed, outputs read as plain numbers only,
+reasons that never quote an expected value, and a release that refuses checks that miss a grade cell."""
+
+import io
+import os
+
+import numpy as np
+import pytest
+
+from moe_course.course import answers, verdict
+from moe_course.course.answers import Check
+
+CHECKS = '''import numpy as np
+
+from moe_course.course.answers import Check
+
+CHECKS = {
+    "double_tests": Check(lambda rng: [(rng.normal(size=(2, 3)),), (rng.normal(size=4),)], lambda x: 2 * x),
+    "count_tests": Check(lambda rng: [(int(rng.integers(1, 9)),)], lambda n: n + 1, exact=True, scalar=True),
+}
+'''
+
+
+@pytest.fixture
+def checks_file(tmp_path):
+    path = tmp_path / "checks.py"
+    path.write_text(CHECKS)
+    return path
+
+
+def _record(monkeypatch, checks_file, folder, seed, **functions):
+    monkeypatch.setenv(answers.CHECKS_ENV, str(checks_file))
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(folder))
+    monkeypatch.setenv(answers.SEED_ENV, str(seed))
+    for grade_id, function in functions.items():
+        answers.record(grade_id, function)
+
+
+def test_the_seed_decides_the_inputs():
+    check = Check(lambda rng: [(rng.normal(size=3),)], lambda x: x)
+    same = [answers.check_cases(check, "a_tests", 7)[0][0] for _ in range(2)]
+    assert np.array_equal(*same)
+    assert not np.array_equal(same[0], answers.check_cases(check, "a_tests", 8)[0][0])
+    assert not np.array_equal(same[0], answers.check_cases(check, "b_tests", 7)[0][0])  # each check its own
+
+
+def test_recorded_answers_are_judged_outside(tmp_path, monkeypatch, checks_file):
+    _record(monkeypatch, checks_file, tmp_path, 11, double_tests=lambda x: x + x, count_tests=lambda n: n + 1)
+    assert verdict.verdicts(checks_file, tmp_path, 11) == {"double_tests": None, "count_tests": None}
+    # the same answers for another submission's seed: other inputs, so they fail
+    assert verdict.verdicts(checks_file, tmp_path, 12)["double_tests"].startswith("double_tests, case 1 of 2")
+
+
+@pytest.mark.parametrize("function, reason", [
+    (lambda x: 3 * x, "case 1 of 2: output 1 differs from the reference in 6 of 6 value(s)"),
+    (lambda x: (2 * x)[..., :1], "output 1 has shape"),
+    (lambda x: (2 * x, x), "returned 2 output(s), expected 1"),
+    (lambda x: np.full(x.shape, np.nan), "non-finite value(s)"),
+    (lambda x: (2 * x).astype(str), "is not numbers (dtype <U"),
+])
+def test_a_wrong_answer_gets_its_reason_and_never_the_expected_values(tmp_path, monkeypatch, checks_file,
+                                                                       function, reason):
+    _record(monkeypatch, checks_file, tmp_path, 3, double_tests=function)
+    said = verdict.verdicts(checks_file, tmp_path, 3)["double_tests"]
+    assert reason in said, said
+    want = 2 * answers.check_cases(answers.load_checks(checks_file)["double_tests"], "double_tests", 3)[0][0]
+    assert f"{want.flat[0]:.3g}" not in said and "largest" not in said
+
+
+def test_a_scalar_check_wants_one_number(tmp_path, monkeypatch, checks_file):
+    _record(monkeypatch, checks_file, tmp_path, 5, count_tests=lambda n: np.array([n + 1]))
+    assert "is not one number" in verdict.verdicts(checks_file, tmp_path, 5)["count_tests"]
+
+
+def test_what_the_function_raised_is_the_reason(tmp_path, monkeypatch, checks_file):
+    def broken(x):
+        raise ValueError("no")
+
+    with pytest.raises(ValueError):
+        _record(monkeypatch, checks_file, tmp_path, 1, double_tests=broken)
+    assert verdict.verdicts(checks_file, tmp_path, 1)["double_tests"] == "double_tests: your function raised ValueError: no"
+    with pytest.raises(TypeError, match="object array"):
+        _record(monkeypatch, checks_file, tmp_path, 1, double_tests=lambda x: np.array([object()]))
+    assert "object array" in verdict.verdicts(checks_file, tmp_path, 1)["double_tests"]
+
+
+def test_forged_links_fifos_and_pickles_count_for_nothing(tmp_path, checks_file):
+    nothing = "no answers were recorded"
+    assert nothing in verdict.read_outputs(tmp_path, "double_tests", 2)
+    (tmp_path / "elsewhere.npz").write_bytes(b"")
+    os.symlink(tmp_path / "elsewhere.npz", tmp_path / "double_tests.npz")
+    assert nothing in verdict.read_outputs(tmp_path, "double_tests", 2)  # a link is not followed
+    os.remove(tmp_path / "double_tests.npz")
+    os.mkfifo(tmp_path / "double_tests.npz")
+    assert nothing in verdict.read_outputs(tmp_path, "double_tests", 2)  # returns at once: no reader hangs
+    os.remove(tmp_path / "double_tests.npz")
+    buffer = io.BytesIO()
+    np.savez(buffer, c0_0=np.array([{"any": 1}], dtype=object), c1_0=np.zeros(4))
+    (tmp_path / "double_tests.npz").write_bytes(buffer.getvalue())
+    assert "cannot be read" in verdict.read_outputs(tmp_path, "double_tests", 2)  # no unpickling
+    (tmp_path / "double_tests.npz").write_bytes(b"PK\x03\x04 not a zip")
+    assert "cannot be read" in verdict.read_outputs(tmp_path, "double_tests", 2)
+    buffer = io.BytesIO()
+    np.savez(buffer, c0_0=np.zeros((2, 3)))
+    (tmp_path / "double_tests.npz").write_bytes(buffer.getvalue())
+    assert verdict.read_outputs(tmp_path, "double_tests", 2) == "double_tests: no answer recorded for case 2"
+
+
+def test_outside_grading_record_judges_at_once(monkeypatch, checks_file):
+    monkeypatch.delenv(answers.ANSWERS_ENV, raising=False)
+    monkeypatch.setenv(answers.CHECKS_ENV, str(checks_file))
+    answers.record("double_tests", lambda x: 2 * x)
+    with pytest.raises(AssertionError, match="double_tests, case 1 of 2: output 1 differs"):
+        answers.record("double_tests", lambda x: x)
+
+
+def test_release_refuses_checks_that_do_not_match_the_grade_cells(tmp_path):
+    from moe_course.course.build import ReleaseError, install_checks
+    from moe_course.course.config import SOLUTIONS
+
+    solution = tmp_path / "02_moe_layer.py"
+    solution.write_text((SOLUTIONS / "02_moe_layer.py").read_text())
+    with pytest.raises(ReleaseError, match="is missing"):
+        install_checks(solution, tmp_path / "course")
+    (tmp_path / "checks").mkdir()
+    (tmp_path / "checks" / "02_moe_layer.py").write_text(CHECKS)
+    with pytest.raises(ReleaseError, match=r"missing \['capacity_tests'.*unknown \['count_tests', 'double_tests'\]"):
+        install_checks(solution, tmp_path / "course")
+    (tmp_path / "checks" / "02_moe_layer.py").write_text((SOLUTIONS / "checks" / "02_moe_layer.py").read_text())
+    assert install_checks(solution, tmp_path / "course").read_text() == (tmp_path / "checks" / "02_moe_layer.py").read_text()

@@ -73,3 +73,23 @@ def test_validate_tells_a_learner_what_fails(course, tmp_path, capsys):
     assert main(["course", "validate", str(tmp_path / "done" / f"{name}.ipynb")]) == 0
     assert main(["course", "validate", str(released)]) == 2
     assert "NotImplementedError" in capsys.readouterr().err
+
+
+def test_without_the_sandbox_the_same_checks_decide(course, tmp_path):
+    """--no-sandbox: the kernel runs with the library importable and the in-kernel guard only, but the grades
+    still come from the checks outside (the guard lets the kernel read the checks file and write answers)."""
+    name = "06_mod"
+    released = course / "release" / name / f"{name}.ipynb"
+    source = course / "source" / name / f"{name}.ipynb"
+    students = {"nosandbox_full": answered(released, source), "nosandbox_partial": answered(
+        released, source, [next(iter(answer_cells(source)))])}
+    export = tmp_path / "export"
+    for student, notebook in students.items():
+        (export / student).mkdir(parents=True)
+        (export / student / f"{name}.ipynb").write_text(json.dumps(notebook))
+    assert main(["course", "collect", str(export), "--assignment", name, "--course-dir", str(course)]) == 0
+    assert main(["course", "autograde", name, "--course-dir", str(course), "--no-sandbox"]) == 0
+    grades = _grades(course, name)
+    full, partial = grades["nosandbox_full"], grades["nosandbox_partial"]
+    assert full["sandbox"] == "none (--no-sandbox)" and float(full["score"]) == float(full["max_score"]), full
+    assert 0.0 < float(partial["score"]) < float(partial["max_score"]), partial

@@ -67,12 +67,14 @@ def set_limits(memory_bytes: int, cpu_seconds: int) -> None:
 class FilePolicy:
     """Which paths submitted code may read, list and write. ``home``: the submission's folder (read and
     write); ``protected``: folders nothing may read or list except inside ``home``; ``writable``: further
-    folders that may be written (the answers folder of ``answers.record``)."""
+    folders that may be read and written (the answers folder of ``answers.record``); ``readable``: files or
+    folders inside a protected one that may still be read (the assignment's checks file)."""
 
-    def __init__(self, home: str, protected: list[str], writable: list[str] = ()):
+    def __init__(self, home: str, protected: list[str], writable: list[str] = (), readable: list[str] = ()):
         self.home = os.path.realpath(home)
         self.protected = [os.path.realpath(p) for p in protected if p]
         self.writable = [os.path.realpath(p) for p in writable if p]
+        self.readable = [os.path.realpath(p) for p in readable if p] + self.writable
 
     @staticmethod
     def _inside(path: str, folder: str) -> bool:
@@ -88,7 +90,7 @@ class FilePolicy:
     def may_read(self, path) -> bool:
         """True unless ``path`` lies in a protected folder (course folder, solutions) outside the submission's own."""
         resolved = self._resolve(path)
-        if resolved is None or self._inside(resolved, self.home):
+        if resolved is None or any(self._inside(resolved, p) for p in (self.home, *self.readable)):
             return True
         return not any(self._inside(resolved, p) for p in self.protected)
 
@@ -215,7 +217,8 @@ def install(shell, home: str | None = None) -> ModuleSnapshot:
 
     snapshot = ModuleSnapshot()
     policy = FilePolicy(home or os.getcwd(), os.environ.get(PROTECT_ENV, "").split(os.pathsep),
-                        [os.environ.get(moe_course.course.answers.ANSWERS_ENV, "")])
+                        [os.environ.get(moe_course.course.answers.ANSWERS_ENV, "")],
+                        [os.environ.get(moe_course.course.answers.CHECKS_ENV, "")])
 
     def before_cell(*_):
         snapshot.restore()

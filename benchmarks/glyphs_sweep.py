@@ -1,4 +1,4 @@
-"""Where experts pay: one training run of the parameter-bound sweep on digit-glyphs (README, "Where experts pay").
+"""Where experts pay: one training run of the parameter-bound sweep on digit-glyphs (docs/results.md).
 
 Trains one of the four models of the comparison -- dense ViT, Tokens Choice with BPR, Experts Choice, Soft MoE
 -- on the embedded ``digit-glyphs`` task (which source glyph is on the canvas: ``--glyphs-per-digit`` x 10

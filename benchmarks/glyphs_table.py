@@ -1,4 +1,4 @@
-"""Where experts pay: the seed tables of the digit-glyphs runs (README and benchmarks/README.md).
+"""Where experts pay: the seed tables of the digit-glyphs runs (docs/results.md and benchmarks/README.md).
 
 Reads the runs ``glyphs_sweep.py --out FILE`` recorded (default: benchmarks/results/glyphs.jsonl, the runs behind
 the course's tables) and prints one markdown table per configuration ("variant": the options that differ from

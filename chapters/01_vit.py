@@ -206,8 +206,8 @@ for name in ("vit-s/32", "vit-b/32", "deit-ti/16", "deit-s/16", "digits-tiny"):
 # in the same minutes the 16-token model takes more than five times as many steps. Chapters 1-3 therefore all
 # use 8x8 patches. (Mixture-of-Depths, which keeps only a fraction of the tokens in some blocks, needs more
 # tokens than 16 to choose from and will pay for the finer grid.) The command-line recipe
-# (`moe-course train vit --preset digits-tiny`) trains the same model longer; see README.md for its measured
-# accuracy.
+# (`moe-course train vit --preset digits-tiny`) trains the same model longer; see docs/results.md for its
+# measured accuracy.
 
 # %%
 CHAPTER_STEPS = 1200

@@ -740,7 +740,7 @@ if torch is not None:
 # The differences are float32 rounding (the two frameworks sum in different orders), five orders of
 # magnitude below anything that could flip a decision here. `moe_course.torch.convert.to_torch` converts whole
 # models the same way (V-MoE, Soft MoE ViT, MoD ViT), and `moe-course evaluate --framework both` evaluates a
-# trained run in both frameworks (README, "Using the layers from PyTorch").
+# trained run in both frameworks (docs/pytorch.md).
 #
 # ## What's next
 #

@@ -419,7 +419,7 @@ for name, s in scores.items():
 # far above chance (5 of 1,050 = 0.005) -- but zero-shot accuracy is barely above chance (0.1), and the three
 # aux-loss settings are within noise of each other. Contrastive learning needs many more steps than
 # classification: the command-line recipe `moe-course train limoe --preset digits-limoe` trains the paper
-# model for 3,000 steps of 128 pairs, and that run reaches the zero-shot accuracy reported in the README. Load
+# model for 3,000 steps of 128 pairs, and that run reaches the zero-shot accuracy reported in docs/results.md. Load
 # such a run here with `moe_course.train.restore.load_run(workdir).model` to look at a better model.
 
 # %%

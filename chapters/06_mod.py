@@ -74,7 +74,7 @@ NAMES = {"attention": "A-MoD", "standard": "standard MoD"}
 # but draw the canvases at 24x24 pixels (`DigitsConfig.for_image_size(24)` scales digits and clutter
 # alike): 6x6 = 36 patch tokens, so 12.5% capacity keeps round(4.5) = 4 of them. The model is `digits-tiny`
 # (4 blocks, width 64, 4 heads, MLP 128, global average pooling) on those patches. The command line runs the
-# same adaptation on `digits-small` with its full recipe; the README records what it measured.
+# same adaptation on `digits-small` with its full recipe; docs/results.md records what it measured.
 
 # %%
 digits = ClutteredDigits(DigitsConfig.for_image_size(24))

@@ -1,6 +1,6 @@
 """Sphinx configuration of the course website: chapters executed by myst-nb, API reference from docstrings.
 
-Build (README, "The website"): ``sphinx-build -b html docs docs/_build/html``. Settings read from the
+Build (docs/website.md): ``sphinx-build -b html docs docs/_build/html``. Settings read from the
 environment: ``MOE_COURSE_SITE_EXECUTE`` -- ``all`` (default), ``none``, or chapter stems separated by commas
 (``02_moe_layer``): which chapters run; the others are rendered without outputs, and every page says which.
 ``MOE_COURSE_REPOSITORY`` -- the repository's address (``https://github.com/OWNER/moe-course``), the one setting

@@ -74,8 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--workdir", help="a run of `moe-course train`")
     source.add_argument("--checkpoint", metavar="PATH",
                         help="a reference checkpoint: a vmoe prefix (PATH.index + PATH.data-*) or a big_vision .npz")
-    reference = evaluate.add_argument_group("reference checkpoints (--checkpoint; README, 'The reference models' "
-                                            "checkpoints'); images are scaled to [-1, 1] as those models expect")
+    reference = evaluate.add_argument_group("reference checkpoints (--checkpoint; docs/pytorch.md, 'The reference "
+                                            "models' checkpoints'); images are scaled to [-1, 1] as those models expect")
     reference.add_argument("--format", default=None, choices=REFERENCE_FORMATS, help="the checkpoint's format")
     reference.add_argument("--model-config", default=None, metavar="JSON",
                            help="vmoe: the experiment's config.model as JSON (routing settings)")
@@ -104,7 +104,7 @@ def _add_routing_args(parser: argparse.ArgumentParser, purpose: str) -> None:
 
 def _add_scale_args(parser: argparse.ArgumentParser) -> None:
     scale = parser.add_argument_group(
-        "scale-out (README, 'Scale-out'): several devices, several hosts",
+        "scale-out (docs/scale-out.md): several devices, several hosts",
         "With --mesh the run is sharded over the devices JAX sees: images over every device, experts over the "
         "expert axis. On several hosts, run the same command on each; the three process settings come from "
         "these flags, else from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else (with "

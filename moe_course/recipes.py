@@ -1,6 +1,6 @@
 """Default training recipe for each preset: what ``moe-course train`` runs when no flag overrides it.
 
-CPU presets carry recipes measured on the embedded digits (see README). Paper presets carry the V-MoE
+CPU presets carry recipes measured on the embedded digits (see docs/results.md). Paper presets carry the V-MoE
 upstream hyper-parameters (Riquelme et al. 2021, App. B.2, Table 5: Adam, linear decay, weight decay 0.1,
 batch 4096, 10k warm-up steps) with the JFT-300M epochs of Table 7 expressed as steps; on another dataset
 pass --steps.
@@ -23,11 +23,11 @@ _CPU_RECIPES = {
     "digits-tiny-soft": TrainConfig(steps=2500, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                     checkpoint_every=500, log_every=50, eval_every=500),
     # LIMoE, its Fig. 3 loss baselines and its dense one-tower baseline on the captioned digits: one schedule
-    # for all (README, "Measured").
+    # for all (docs/results.md).
     **dict.fromkeys(("digits-limoe", "digits-limoe-classic", "digits-limoe-local", "digits-dense-one-tower"),
                     TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=100,
                                 checkpoint_every=500, log_every=50, eval_every=0)),
-    # The digit-glyphs comparison (README, "Where experts pay"): one schedule for the four glyphs-tiny models; at
+    # The digit-glyphs comparison (docs/results.md): one schedule for the four glyphs-tiny models; at
     # 800 classes every validation curve flattens by its end (benchmarks/README.md, "Where experts pay").
     **{name: TrainConfig(steps=8000, batch_size=128, learning_rate=2e-3, warmup_steps=100, checkpoint_every=1000,
                          log_every=100, eval_every=1000)

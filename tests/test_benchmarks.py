@@ -111,8 +111,8 @@ def test_glyphs_sweep_trains_and_reports_one_json_line(kind, tmp_path):
 
 def test_glyphs_sweep_defaults_are_the_cli_presets_and_recipes():
     """With no options, a sweep run trains exactly what `moe-course train` trains for the kind's glyphs-tiny preset
-    (same model config, same schedule up to checkpointing and logging, same data), so the README's table holds
-    for either command."""
+    (same model config, same schedule up to checkpointing and logging, same data), so the digit-glyphs tables
+    (docs/results.md, benchmarks/README.md) hold for either command."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
         import glyphs_sweep

@@ -1,4 +1,4 @@
-"""The course website (docs/, README "The website") builds strictly and works in a real browser.
+"""The course website (docs/, docs/website.md) builds strictly and works in a real browser.
 
 One build serves every test: ``sphinx-build -n -W --keep-going`` (any warning fails it: a broken cross
 reference, a docstring reStructuredText cannot read, a page missing from the table of contents), with only
@@ -151,7 +151,9 @@ def test_docstring_lines_keep_their_layout_but_sentences_flow():
 def test_a_chapter_that_fails_names_itself_and_its_cell(tmp_path):
     """A chapter whose cell raises fails the build, and the message names the chapter and the cell."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs", ignore=shutil.ignore_patterns("_build", "chapters", "api"))
-    shutil.copy(ROOT / "README.md", tmp_path)
+    shutil.copy(ROOT / "README.md", tmp_path)  # pages include README's and benchmarks/README.md's text
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks" / "README.md", tmp_path / "benchmarks")
     (tmp_path / "chapters").mkdir()
     (tmp_path / "chapters" / "01_broken.py").write_text(
         "# %% [markdown]\n# # Broken\n\n# %%\nx = 1\n\n# %%\nraise RuntimeError('the claim no longer holds')\n")

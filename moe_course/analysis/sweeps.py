@@ -1,4 +1,4 @@
-"""Seed statistics of recorded training runs: the tables of README's "Where experts pay" and of chapters 3 and 5.
+"""Seed statistics of recorded training runs: the tables of docs/results.md and of chapters 3 and 5.
 
 A run is one JSON object per line, as ``benchmarks/glyphs_sweep.py --out FILE`` appends them: ``kind`` (dense,
 tc, ec, soft), ``variant`` (the command-line options that differ from the presets and recipes, "" for the

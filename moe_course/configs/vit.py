@@ -97,7 +97,7 @@ def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int) 
     )
 
 
-# The parameter-bound CPU regime (README, "Where experts pay"): which of the source glyphs is on the canvas
+# The parameter-bound CPU regime (docs/results.md, "Where experts pay"): which of the source glyphs is on the canvas
 # (``load_dataset("digit-glyphs")``, one class per glyph). digits-tiny's backbone; the V-MoE, Experts Choice and
 # Soft MoE presets "glyphs-tiny-*" differ from it only in the MLPs of the MoE blocks, at equal forward FLOPs.
 GLYPHS_TINY = ViTConfig(

@@ -1,8 +1,8 @@
 """What a hidden test does inside the grading kernel: call the learner's function on the check's inputs and
 write its outputs, as plain numbers, where the grader (outside the sandbox) reads them.
 
-An assignment's checks live in ``solutions/checks/NN_slug.py``: a module-level ``CHECKS = {grade_id:
-Check(...)}``. A hidden test is one call, ``record("topk_tests", top_k_routing)``. The grader
+An assignment's checks live in ``solutions/checks/NN_slug.py``: a module-level
+``CHECKS = {grade_id: Check(...)}``. A hidden test is one call, ``record("topk_tests", top_k_routing)``. The grader
 (``moe_course.course.verdict``) draws the same inputs from the same seed, computes the references with the
 course library and compares; nothing the answers are compared against exists in the sandbox, where this
 module (with the kernel and the checks file) is all of ``moe_course`` there is (``sandbox.runtime_package``).

@@ -13,7 +13,7 @@ from moe_course.data.digits import ClutteredDigits, DigitsConfig
 from moe_course.data.folders import ImageFolder
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions", "digit-glyphs")
-GLYPHS_PER_DIGIT = 80  # digit-glyphs: 800 classes, the parameter-bound regime of README's "Where experts pay"
+GLYPHS_PER_DIGIT = 80  # digit-glyphs: 800 classes, the parameter-bound regime of docs/results.md, "Where experts pay"
 # What each dataset with files reads: the kind a chapter's full-scale cell names when the data does not fit.
 KINDS = {
     "cifar10": "CIFAR-10 python data (cifar-10-python.tar.gz or its extracted cifar-10-batches-py/)",

@@ -68,15 +68,15 @@ pairs = CaptionedDigits()  # the cluttered digits with a caption each; trains it
 # test captions are fixed.
 
 # %%
-sample = pairs.get("test", np.arange(0, 1050, 175))
-fig, axes = plt.subplots(1, 6, figsize=(13, 2.6))
+test_labels = pairs.get("test", np.arange(pairs.split_size("test")))["label"]  # sorted by class: take six
+sample = pairs.get("test", np.array([np.flatnonzero(test_labels == c)[7 * c] for c in (0, 2, 3, 5, 7, 9)]))
+fig, axes = plt.subplots(1, 6, figsize=(13, 2.9), layout="constrained")
 for ax, image, text in zip(axes, sample["image"], sample["caption"]):
     ax.imshow(image[..., 0], cmap="gray")
     ax.set_title(text.replace(" in the", "\nin the").replace(", at", ",\nat").replace(" near", "\nnear")
                  .replace(" at the", "\nat the").replace(" among", "\namong"), fontsize=7)
     ax.axis("off")
 fig.suptitle("Test canvases and their captions", fontsize=10)
-plt.tight_layout()
 
 # %% [markdown]
 # The text side needs tokens. A SentencePiece BPE tokenizer (the kind of subword tokenizer LIMoE uses) is
@@ -482,10 +482,13 @@ pruning = {mode: [zero_shot_with([n, n], mode) for n in kept] for mode in ("rout
 fig, ax = plt.subplots(figsize=(5, 3))
 for mode, accuracies in pruning.items():
     ax.plot(kept, accuracies, "o-", label=mode)
+ax.axhline(1 / classes, color="gray", linestyle=":", label=f"chance (1/{classes})")
+ax.set_ylim(0, max(0.3, 1.3 * max(max(a) for a in pruning.values())))  # from 0: the gaps at their true size
 ax.set_xlabel("experts kept per MoE layer for text (most used first)")
 ax.set_ylabel("zero-shot test accuracy")
+ax.set_title(f"Pruning text experts, paper model ({len(test_all['label']):,} test images)", fontsize=9)
 ax.invert_xaxis()
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="lower left")
 for mode, accuracies in pruning.items():
     print(mode, " ".join(f"{n} kept: {a:.3f}" for n, a in zip(kept, accuracies)))
 

@@ -71,7 +71,7 @@ def test_limoe_benchmark():
         assert len(row) == 3 and all(_is_number(field) for field in row[1:])
 
 
-@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py", "soft_moe.py", "limoe.py"])
+@pytest.mark.parametrize("script", ["attention.py", "moe_layer.py", "soft_moe.py", "limoe.py", "grading.py"])
 def test_benchmark_help(script):
     assert _run_help(script).startswith("usage:")
 

@@ -15,6 +15,7 @@ pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -
 from course_submissions import answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
 from moe_course.course.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
+from moe_course.course.config import REPO  # noqa: E402
 
 NAME = "00_tiny"
 CELL_TIMEOUT = 15  # s; long enough for a correct cell on a loaded 2-core machine
@@ -118,8 +119,15 @@ def graded(tmp_path_factory):
     # Past the in-kernel guard (no audit event for these), so only the sandbox stands in the way.
     dir_fd = "\n".join(f"try:\n    print(open(os.open({str(p.relative_to('/'))!r}, os.O_RDONLY, dir_fd=root), 'rb')"
                        f".read()[:4000])\nexcept Exception as error:\n    print(type(error).__name__)" for p in secrets)
-    dir_fd_write = (f"try:\n    os.write(os.open({str(victim.relative_to('/'))!r}, os.O_WRONLY | os.O_TRUNC, "
-                    f"dir_fd=root), b'pwned')\nexcept Exception as error:\n    print(type(error).__name__)")
+    # another student's notebook, the grading kernelspec (every later kernel would run it) and the master
+    # gradebook (hidden tests, checksums): the attacks that harm others; and the repository's .git
+    kernelspec = course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json"
+    overwritten = [victim, kernelspec, course / "gradebook.db"]
+    dir_fd_write = "\n".join(f"try:\n    os.write(os.open({str(p.relative_to('/'))!r}, os.O_WRONLY | os.O_TRUNC, "
+                             f"dir_fd=root), b'pwned')\nexcept Exception as error:\n    print(type(error).__name__)"
+                             for p in overwritten)
+    dir_fd_write += (f"\ntry:\n    print(open(os.open({str((REPO / '.git' / 'HEAD').relative_to('/'))!r}, os.O_RDONLY, "
+                     f"dir_fd=root)).read())\nexcept Exception as error:\n    print(type(error).__name__)")
     spawner = ("import _posixsubprocess\ndef spawn(script):\n    _posixsubprocess.fork_exec([b'/bin/sh', b'-c', "
                "script.encode()], [b'/bin/sh'], True, (), None, None, -1, -1, -1, -1, -1, -1, *os.pipe(), False, "
                "True, -1, None, None, None, -1, None, False)\n")
@@ -301,8 +309,11 @@ def test_the_sandbox_holds_where_the_guard_does_not_look(graded):
     the hidden tests, the gradebook and other students out of reach, and the processes die with the kernel."""
     assert _score(graded, "dir_fd") == 3.0
     printed = _outputs(graded, "dir_fd", "probs_answer")
-    assert "SECRET-HIDDEN-TEST-TEXT" not in printed and printed.count("FileNotFoundError") == 5, printed
+    assert "SECRET-HIDDEN-TEST-TEXT" not in printed and printed.count("FileNotFoundError") == 8, printed
+    assert "refs/heads" not in printed  # the repository (solutions, .git) is not in the sandbox
     victim = graded["course"] / "submitted" / "good" / NAME / f"{NAME}.ipynb"
+    assert "pwned" not in (graded["course"] / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
+    assert b"pwned" not in (graded["course"] / "gradebook.db").read_bytes()
     time.sleep(5)  # longer than the spawned writer waits
     assert "pwned" not in victim.read_text()
     record = graded["course"] / "gradebooks" / NAME / "spawns.json"

@@ -79,7 +79,8 @@ def test_what_the_function_raised_is_the_reason(tmp_path, monkeypatch, checks_fi
 
     with pytest.raises(ValueError):
         _record(monkeypatch, checks_file, tmp_path, 1, double_tests=broken)
-    assert verdict.verdicts(checks_file, tmp_path, 1)["double_tests"] == "double_tests: your function raised ValueError: no"
+    said = verdict.verdicts(checks_file, tmp_path, 1)["double_tests"]
+    assert said == "double_tests: your function raised ValueError: no"
     with pytest.raises(TypeError, match="object array"):
         _record(monkeypatch, checks_file, tmp_path, 1, double_tests=lambda x: np.array([object()]))
     assert "object array" in verdict.verdicts(checks_file, tmp_path, 1)["double_tests"]
@@ -128,4 +129,5 @@ def test_release_refuses_checks_that_do_not_match_the_grade_cells(tmp_path):
     with pytest.raises(ReleaseError, match=r"missing \['capacity_tests'.*unknown \['count_tests', 'double_tests'\]"):
         install_checks(solution, tmp_path / "course")
     (tmp_path / "checks" / "02_moe_layer.py").write_text((SOLUTIONS / "checks" / "02_moe_layer.py").read_text())
-    assert install_checks(solution, tmp_path / "course").read_text() == (tmp_path / "checks" / "02_moe_layer.py").read_text()
+    installed = install_checks(solution, tmp_path / "course")
+    assert installed.read_text() == (tmp_path / "checks" / "02_moe_layer.py").read_text()

@@ -123,10 +123,12 @@ for seed in seeds:
 # points, so the lead varies about as much as the dense model does from seed to seed). Both have learned what
 # this schedule teaches: over its last 1,000 steps, with the learning rate decaying to zero, no curve gains more
 # than a point. The V-MoE also fits its training canvases better on every seed (train loss 0.091 against 0.197
-# on average). **But the dense model is not stuck there: given twice the steps** (16,000, seed 0, the last row
-# printed below) **it reaches the V-MoE's accuracy.** So what the experts buy here is training efficiency -- the
-# same accuracy for half the training compute -- which is also how the paper compares (models trained for the
-# same steps on the same data), not a ceiling the dense model cannot pass. Chapter 5 adds Experts Choice and
+# on average). **But the dense model is not stuck there: given twice the steps** (16,000, seed 0, the rows
+# printed below) **it reaches the V-MoE's 8,000-step accuracy.** So the experts buy at least training efficiency
+# -- the same accuracy for half the training compute -- which is also how the paper compares (models trained
+# for the same steps on the same data). Trained twice as long too, the V-MoE is still ahead (0.998 against
+# 0.986, seed 0; its train loss 0.007 against 0.051): whether still more steps would close that last point we
+# have not measured, so we claim no ceiling for the dense model. Chapter 5 adds Experts Choice and
 # Soft MoE to this table; `benchmarks/README.md` ("Where experts pay") keeps the whole sweep behind it (with 300
 # glyphs both models reach 99% on the recipe and tie; with all 1,720 the V-MoE leads by 1.8 points, one seed).
 
@@ -136,10 +138,13 @@ assert 1.0 <= recipe_flops["tc"] / recipe_flops["dense"] <= 1.05, recipe_flops
 assert all(lead[seed] > 0 for seed in seeds) and np.mean(list(lead.values())) >= 0.02, lead
 assert all(recipe_runs["tc", seed]["train_loss"] < recipe_runs["dense", seed]["train_loss"] for seed in seeds)
 assert all(late_gain[kind, seed] <= 0.01 for kind in ("dense", "tc") for seed in seeds), late_gain
-longer = seed_spread(glyph_runs, variant="--steps 16000")["dense"]
-print(f"dense ViT, 16,000 steps (seeds {longer.seeds}): test accuracy {longer.mean:.3f}; V-MoE at 8,000 steps, "
-      f"same seed: {recipe_runs['tc', longer.seeds[0]]['test_accuracy']:.3f}")
-assert abs(longer.mean - recipe_runs["tc", longer.seeds[0]]["test_accuracy"]) <= 0.01, longer
+longer = {(run["kind"], run["seed"]): run["test_accuracy"] for run in glyph_runs if run["variant"] == "--steps 16000"}
+both = sorted(seed for kind, seed in longer if kind == "dense" and ("tc", seed) in longer)
+for seed in both:
+    print(f"seed {seed}, 16,000 steps: dense ViT {longer['dense', seed]:.3f}, V-MoE {longer['tc', seed]:.3f} "
+          f"(V-MoE at 8,000 steps: {recipe_runs['tc', seed]['test_accuracy']:.3f})")
+assert both and all(longer["dense", seed] >= recipe_runs["tc", seed]["test_accuracy"] - 0.01 for seed in both)
+assert all(longer["tc", seed] > longer["dense", seed] for seed in both), longer
 
 # %% [markdown]
 # From here on we study *routing*, on the digits V-MoE above: trained for 800 steps of 64 images (about 77% of

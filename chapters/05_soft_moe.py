@@ -256,8 +256,8 @@ ax.set_title(f"digit-glyphs ({configs['dense'].num_classes} classes), 8,000 step
 # Choice ahead on two seeds and 3.5 points behind on the third, Soft MoE within a point of the dense model on
 # every seed). So the paper's Fig. 3, where Soft MoE sits above Tokens and Experts Choice and all three above
 # the dense model at equal cost, does not reproduce at this scale: here only Tokens Choice turns its extra
-# parameters into accuracy at this budget (chapter 3: given twice the steps the dense model catches up, so what it
-# buys is training efficiency), and Soft MoE fits its training canvases no better than the dense model (mean train
+# parameters into accuracy at this budget (chapter 3: given twice the steps the dense model reaches its 8,000-step
+# accuracy), and Soft MoE fits its training canvases no better than the dense model (mean train
 # loss 0.202 against 0.197; Tokens Choice 0.091). One reason is measurable in section 5: a slot's logits are a
 # cosine similarity times a learned scale that starts at 1, so every slot starts as a near-uniform average of
 # the image's 16 tokens, every expert sees nearly the same mixture, and every token reads back nearly the same
@@ -273,6 +273,34 @@ assert test["Tokens Choice"].mean >= test["dense"].mean + 0.02, test
 assert all(abs(test[name].mean - test["dense"].mean) <= 0.01 for name in ("Soft MoE", "Experts Choice")), test
 assert max(test["Soft MoE"].mean, test["Experts Choice"].mean) <= test["Tokens Choice"].mean - 0.02, test
 assert train_loss["Soft MoE"] > 2 * train_loss["Tokens Choice"], train_loss
+
+# %% [markdown]
+# **Have they stopped learning?** With the learning rate decayed to zero, no validation curve above gains much
+# over the recipe's last 1,000 steps -- but that is the schedule ending, not the model. So we also trained every
+# model for twice the steps, 16,000 (`python benchmarks/glyphs_sweep.py dense|tc|ec|soft --seed 0 --steps
+# 16000`, a second seed for dense and Tokens Choice where recorded):
+
+# %%
+long_runs = {(run["kind"], run["seed"]): run for run in glyph_runs if run["variant"] == "--steps 16000"}
+for name in configs:
+    for (kind, seed), run in sorted(long_runs.items()):
+        if kind == kinds[name]:
+            print(f"{name:15s} seed {seed}: 16,000 steps {run['test_accuracy']:.3f} (train loss "
+                  f"{run['train_loss']:.3f}); 8,000 steps {recipe_runs[kind, seed]:.3f}")
+at_twice = {name: long_runs[kinds[name], 0]["test_accuracy"] for name in configs}
+
+# %% [markdown]
+# **Every model gains from twice the steps, and the MoEs gain more** (seed 0, when we wrote this: Tokens Choice
+# 0.998, Experts Choice 0.997, Soft MoE 0.990, dense 0.986). Experts Choice, which tied the dense model at the
+# recipe's budget, joins Tokens Choice: it learned more slowly, not less. Soft MoE stays within half a point of
+# the dense model -- one seed, inside the spread the recipes show from seed to seed -- so the paper's Soft MoE
+# lead does not show here either. Whether the dense model closes the remaining point with still more steps we
+# have not measured.
+
+# %%
+assert all(at_twice[name] >= at_twice["dense"] + 0.005 for name in ("Tokens Choice", "Experts Choice")), at_twice
+assert abs(at_twice["Soft MoE"] - at_twice["dense"]) <= 0.01, at_twice
+assert all(long_runs[kinds[name], 0]["test_accuracy"] > recipe_runs[kinds[name], 0] for name in configs), at_twice
 
 
 # %% [markdown]

@@ -126,9 +126,9 @@ for seed in seeds:
 # on average). **But the dense model is not stuck there: given twice the steps** (16,000, seed 0, the rows
 # printed below) **it reaches the V-MoE's 8,000-step accuracy.** So the experts buy at least training efficiency
 # -- the same accuracy for half the training compute -- which is also how the paper compares (models trained
-# for the same steps on the same data). Trained twice as long too, the V-MoE is still ahead (0.998 against
-# 0.986, seed 0; its train loss 0.007 against 0.051): whether still more steps would close that last point we
-# have not measured, so we claim no ceiling for the dense model. Chapter 5 adds Experts Choice and
+# for the same steps on the same data). Trained twice as long too, the V-MoE is still ahead on both seeds we ran
+# (0.998 and 0.995 against 0.986 and 0.993), by much less than at 8,000 steps: whether still more steps would
+# close the gap we have not measured, so we claim no ceiling for the dense model. Chapter 5 adds Experts Choice and
 # Soft MoE to this table; `benchmarks/README.md` ("Where experts pay") keeps the whole sweep behind it (with 300
 # glyphs both models reach 99% on the recipe and tie; with all 1,720 the V-MoE leads by 1.8 points, one seed).
 

@@ -131,3 +131,21 @@ def test_release_refuses_checks_that_do_not_match_the_grade_cells(tmp_path):
     (tmp_path / "checks" / "02_moe_layer.py").write_text((SOLUTIONS / "checks" / "02_moe_layer.py").read_text())
     installed = install_checks(solution, tmp_path / "course")
     assert installed.read_text() == (tmp_path / "checks" / "02_moe_layer.py").read_text()
+
+
+def test_a_solution_notebook_run_by_hand_finds_its_checks(tmp_path, monkeypatch):
+    """Outside grading, without MOE_COURSE_CHECKS, record finds solutions/checks/<folder name>.py: an
+    instructor running a solution in nbgrader's source/<assignment>/ folder sees a failing check at once."""
+    from moe_course.course.config import SOLUTIONS
+
+    for name in (answers.ANSWERS_ENV, answers.CHECKS_ENV, answers.SEED_ENV):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "02_moe_layer").mkdir()
+    monkeypatch.chdir(tmp_path / "02_moe_layer")
+    checks = answers.load_checks(SOLUTIONS / "checks" / "02_moe_layer.py")
+    answers.record("capacity_tests", lambda *case: checks["capacity_tests"].reference(*case))
+    with pytest.raises(AssertionError, match="capacity_tests, case 1 of"):
+        answers.record("capacity_tests", lambda *case: 0)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="set MOE_COURSE_CHECKS"):
+        answers.record("capacity_tests", lambda *case: 0)

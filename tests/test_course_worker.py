@@ -27,7 +27,6 @@ BROKEN = NOT_STARTED.replace("RuntimeError: Kernel didn't respond to heartbeats 
 def course(tmp_path, monkeypatch):
     (tmp_path / "gradebook.db").write_bytes(b"")
     monkeypatch.setattr(worker, "submission_scores", lambda db, a, s: {"score": 7.0, "max_score": 7.0, "cells": {}})
-    monkeypatch.setattr(worker, "failed_checks", lambda course_dir, a, s: {})
     return tmp_path
 
 

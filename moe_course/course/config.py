@@ -50,8 +50,8 @@ class Limits:
 def course_paths(course_dir: Path) -> dict[str, Path]:
     """The folders and files of a course directory (see the module docstring), by name."""
     root = Path(course_dir).resolve()
-    return {name: root / name for name in ("source", "release", "submitted", "autograded", "feedback",
-                                            "gradebooks", "jupyter", "checks")} | {"root": root, "db": root / GRADEBOOK}
+    folders = ("source", "release", "submitted", "autograded", "feedback", "gradebooks", "jupyter", "checks")
+    return {name: root / name for name in folders} | {"root": root, "db": root / GRADEBOOK}
 
 
 def checks_file(course_dir: Path, assignment: str) -> Path:

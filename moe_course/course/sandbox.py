@@ -10,7 +10,7 @@ kernel in it) into the worker's private scratch folder and replaces itself with 
   of any process outside (so no ``/proc/<pid>/mem``, no signals to the grader or other students), an
   unprivileged uid (65534) with no capabilities, a new terminal session, killed with its parent;
 - a file system of only: the system's ``/usr`` and ``/lib*`` read-only, the Python installation read-only,
-  in place of the ``moe_course`` package a runtime of four modules (``runtime_package``: the kernel, its
+  in place of the ``moe_course`` package a runtime of three modules (``runtime_package``: the kernel, its
   guard and ``answers``, no course library -- so no reference routine to call or compare with, whether the
   package is installed or editable), the assignment's checks file (``/grading/checks.py``, read-only), the
   folder the hidden tests write their answers to (``/grading/answers``), the private writable copy of the

@@ -11,6 +11,7 @@ files, numbers), so nothing the learner's code returns can run code or compare e
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
@@ -23,6 +24,7 @@ from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, 
 MAX_ANSWER_BYTES = 64 * 2**20  # as the sandbox's file-size limit
 NUMBER_KINDS = "biuf"  # bool, int, unsigned, float: what an answer may hold
 FAILED = "CheckFailed"  # the ename of the error a failed check adds to its cell
+VERDICTS_ENV = "MOE_COURSE_VERDICTS"  # where score_outside writes {grade_id: reason or null} for the worker
 
 
 def _compare(got, want, check: Check) -> str | None:
@@ -74,8 +76,6 @@ def _read_regular(path: Path) -> bytes | None:
 
 def read_outputs(folder: Path, grade_id: str, cases: int) -> list[tuple] | str:
     """The outputs ``answers.record`` wrote for ``grade_id`` (one tuple per case), or why there are none."""
-    import io
-
     raw = _read_regular(Path(folder) / f"{grade_id}.npz")
     if raw is None:
         error = _read_regular(Path(folder) / f"{grade_id}.json")
@@ -115,13 +115,16 @@ def verdicts(checks_file: Path, answers: Path, seed: int) -> dict[str, str | Non
 def score_outside(notebook, resources):
     """nbgrader preprocessor (after Execute, before SaveAutoGrades): the grader's verdict on every checked
     grade cell (see the module docstring). Reads the checks file, answers folder and seed from the
-    environment the worker set (``answers.CHECKS_ENV``, ``ANSWERS_ENV``, ``SEED_ENV``); does nothing without."""
+    environment the worker set (``answers.CHECKS_ENV``, ``ANSWERS_ENV``, ``SEED_ENV``); does nothing without.
+    Writes the verdicts as JSON to ``VERDICTS_ENV`` when set (after the kernel ended: nothing submitted can
+    write there)."""
     from nbformat.v4 import new_output
 
     if CHECKS_ENV not in os.environ or ANSWERS_ENV not in os.environ:
         return notebook, resources
     results = verdicts(Path(os.environ[CHECKS_ENV]), Path(os.environ[ANSWERS_ENV]), int(os.environ[SEED_ENV]))
-    resources["moe_course_verdicts"] = results
+    if VERDICTS_ENV in os.environ:
+        Path(os.environ[VERDICTS_ENV]).write_text(json.dumps(results))
     for cell in notebook.cells:
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         if cell.cell_type != "code" or not cell.metadata.get("nbgrader", {}).get("grade") or grade_id not in results:

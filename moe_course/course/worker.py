@@ -27,7 +27,7 @@ from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
 from moe_course.course.config import Limits, checks_file, course_paths, nbgrader_config
 from moe_course.course.kernel import KERNEL_NAME
 from moe_course.course.sandbox import SCRATCH_ENV
-from moe_course.course.verdict import FAILED
+from moe_course.course.verdict import VERDICTS_ENV
 
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
 # What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
@@ -69,8 +69,8 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     record = {"student": student, "assignment": assignment, "seconds": round(time.perf_counter() - start, 2),
               "seed": seed}
     if outcome["success"]:
-        record.update(status="graded", error="", **submission_scores(db, assignment, student),
-                      failed_checks=failed_checks(course_dir, assignment, student))
+        failed = {grade_id: why for grade_id, why in outcome.get("verdicts", {}).items() if why is not None}
+        record.update(status="graded", error="", **submission_scores(db, assignment, student), failed_checks=failed)
     else:
         result_path.with_suffix(".log").write_text(log)
         error = summarise_error(log) + (f" (kernel started {attempt} times)" if attempt > 1 else "")
@@ -86,6 +86,7 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     ``verdict.score_outside`` after the kernel ended) and (in the sandbox) its private copy of the
     submission's folder live in a scratch folder of this process's own, removed afterwards. The checks'
     inputs are drawn from ``seed`` (random per submission), so answers computed before grading match nothing.
+    Returns nbgrader's result, with the verdicts ({grade_id: reason or None}) under "verdicts".
     """
     from nbgrader.apps import NbGraderAPI
 
@@ -93,22 +94,14 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     with tempfile.TemporaryDirectory(prefix="moe-grade-") as scratch:
         (Path(scratch) / "ipc").mkdir()
         (Path(scratch) / "answers").mkdir()
+        verdicts = Path(scratch) / "verdicts.json"
         os.environ.update({SCRATCH_ENV: scratch, ANSWERS_ENV: str(Path(scratch) / "answers"),
-                           CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(seed)})
+                           CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(seed),
+                           VERDICTS_ENV: str(verdicts)})
         config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME,
                                  sockets=Path(scratch) / "ipc")
-        return NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
-
-
-def failed_checks(course_dir: Path, assignment: str, student: str) -> dict[str, str]:
-    """{grade_id: reason} of the checks that failed, from the autograded notebook (``verdict.score_outside``)."""
-    notebook = course_paths(course_dir)["autograded"] / student / assignment / f"{assignment}.ipynb"
-    failed = {}
-    for cell in json.loads(notebook.read_text())["cells"]:
-        for output in cell.get("outputs", []):
-            if output.get("output_type") == "error" and output.get("ename") == FAILED:
-                failed[cell["metadata"]["nbgrader"]["grade_id"]] = output["evalue"]
-    return failed
+        outcome = NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
+        return {**outcome, "verdicts": json.loads(verdicts.read_text())} if verdicts.exists() else outcome
 
 
 def summarise_error(log: str) -> str:

@@ -292,7 +292,8 @@ at_twice = {name: long_runs[kinds[name], 0]["test_accuracy"] for name in configs
 # %% [markdown]
 # **Every model gains from twice the steps, and the MoEs gain more** (seed 0, when we wrote this: Tokens Choice
 # 0.998, Experts Choice 0.997, Soft MoE 0.990, dense 0.986). Experts Choice, which tied the dense model at the
-# recipe's budget, joins Tokens Choice: it learned more slowly, not less. Soft MoE stays within half a point of
+# recipe's budget, joins Tokens Choice on this seed -- slower to learn rather than worse, if more seeds agree
+# (one seed is a hint, not a result). Soft MoE stays within half a point of
 # the dense model -- one seed, inside the spread the recipes show from seed to seed -- so the paper's Soft MoE
 # lead does not show here either. Whether the dense model closes the remaining point with still more steps we
 # have not measured.

@@ -17,7 +17,10 @@ routing group (as both peers route), buffers of round(k * tokens * C / E) slots:
 
 Every row's implementations run in turn in one process (``rounds_ms``), so load from other processes falls on
 all of them alike; the table gives the median of ``--rounds`` rounds, the spread (min-max) and ours/peer
-(> 1: ours is slower). A peer that cannot be imported is skipped with the reason printed.
+(> 1: ours is slower). A peer that cannot be imported is skipped with the reason printed. Run it with huge pages
+for large allocations (``THP_MEM_ALLOC_ENABLE=1`` or ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1``) as well as
+without: our PyTorch Soft MoE's weight gradients are two fresh 302 MB tensors per step, and with 4 KiB pages
+their page faults dominate its time (benchmarks/README.md).
 Usage: python benchmarks/peers.py [--quick] [--batch 8 32] [--vmoe PATH]
 """
 
@@ -190,7 +193,14 @@ def _device() -> str:
     return (f"device: {cpu}, {os.cpu_count()} cores{load}; PyTorch {torch.__version__}, "
             f"{torch.get_num_threads()} threads; JAX {jax.__version__} {jax.devices()[0].platform}; "
             f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')!r}, "
-            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}")
+            f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', '')!r}"
+            + ("" if _huge_pages() else "\nnote: no huge-page switch set, so large gradients are faulted in 4 KiB at a "
+               "time; our PyTorch Soft MoE pays most for it (benchmarks/README.md, 'Against peer implementations')"))
+
+
+def _huge_pages() -> bool:
+    return (os.environ.get("THP_MEM_ALLOC_ENABLE", "0") not in ("", "0")
+            or "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def main() -> None:

@@ -137,6 +137,47 @@ def test_glyphs_sweep_defaults_are_the_cli_presets_and_recipes():
     assert (schedule.steps, schedule.learning_rate, schedule.warmup_steps) == (50, 3e-3, 5)
 
 
+@pytest.mark.parametrize("kind", ["classic", "dense"])
+def test_limoe_sweep_trains_and_reports_one_json_line(kind, tmp_path):
+    out = _run("limoe_sweep.py", kind, "--patch-size", "16", "--experts", "4", "--steps", "4", "--batch", "16",
+               "--log-every", "2", "--eval-every", "4", "--out", str(tmp_path / "rows.jsonl"), timeout=300)
+    row = json.loads(out.splitlines()[-1])
+    assert json.loads((tmp_path / "rows.jsonl").read_text()) == row
+    assert row["variant"] == "--patch-size 16 --experts 4 --steps 4 --batch 16"
+    assert row["image_tokens"] == 4 and 0 < row["text_tokens"] <= 16 and row["flops"] > 0
+    assert 0 <= row["test_zero_shot"] <= 1 and [s for s, _ in row["curves"]["loss"]] == [2, 4]
+    assert all(top >= mean for (_, top), (_, mean) in zip(row["curves"]["loss_max"], row["curves"]["loss"]))
+    if kind == "dense":
+        assert row["routing"] == {} and row["config"]["placement"] == "none"
+    else:  # two MoE layers (blocks 1 and 3), both modalities: success, busiest share, experts for 90%
+        assert row["config"]["num_experts"] == 4 and len(row["routing"]) == 12
+        assert all(0.25 <= row["routing"][f"busiest/{m}/layer{i}"] <= 1 for m in ("image", "text") for i in (0, 1))
+        assert 0.25 <= row["curves"]["busiest/text/layer1"][-1][1] <= 1
+
+
+def test_limoe_sweep_defaults_are_the_cli_presets_and_recipes():
+    """With no options, a LIMoE sweep run trains what `moe-course train limoe --preset P --seed S` trains."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import limoe_sweep
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    from moe_course.configs import get_preset
+    from moe_course.data import load_dataset
+    from moe_course.recipes import recipe_for
+
+    for kind, name in limoe_sweep.KINDS.items():
+        config, schedule, data = limoe_sweep.configs(limoe_sweep.parse([kind, "--seed", "2"]))
+        preset, recipe = get_preset("limoe", name), recipe_for(get_preset("limoe", name))
+        assert config == preset, kind
+        assert schedule.replace(checkpoint_every=recipe.checkpoint_every, log_every=recipe.log_every,
+                                eval_every=recipe.eval_every, eval_batch_size=recipe.eval_batch_size) \
+            == recipe.replace(seed=2), kind
+        assert data.digits.config == load_dataset("digits-captions", seed=2).digits.config, kind
+    config, _, _ = limoe_sweep.configs(limoe_sweep.parse(["dense", "--patch-size", "4", "--experts", "16"]))
+    assert (config.patch_size, config.placement, config.num_experts) == (4, "none", 8)  # MoE options skip dense
+
+
 def test_peers_benchmark():
     pytest.importorskip("torch", reason="the PyTorch twins need torch (pip install 'moe-course[torch]')")
     assert "usage:" in _run_help("peers.py")

@@ -8,7 +8,9 @@ import pytest
 from flax import nnx
 
 from moe_course.analysis.modality import (
+    busiest_shares,
     experts_used,
+    measure_routing,
     measure_success_rates,
     priority_by_modality,
     success_rate,
@@ -59,6 +61,9 @@ def test_success_rate_and_experts_used_by_hand():
     # Image TOP-1 choices: experts 0, 1, 0 -> expert 0 holds 2/3 < 0.9, experts 0 and 1 hold all.
     assert experts_used(record, modality, 0) == 2
     assert experts_used(record, modality, 1) == 1  # both text tokens chose expert 2
+    busiest = busiest_shares([record], modality)
+    assert float(busiest["busiest/image/layer0"]) == pytest.approx(2 / 3)  # expert 0 took 2 of the 3 image tokens
+    assert float(busiest["busiest/text/layer0"]) == 1.0  # one expert took all text: Fig. 3's collapse
     assert math.isnan(float(success_rate(record, np.full((2, 3), -1), 1)))
 
 
@@ -94,6 +99,7 @@ def test_training_through_the_one_loop_learns_and_logs_per_modality_success(tiny
                 "val_accuracy", "val_i2t_recall@1"):
         assert key in last, key
     assert 0.0 <= last["success/text/layer0"] <= 1.0
+    assert 1 / tiny.num_experts <= last["busiest/text/layer0"] <= 1.0
 
 
 def test_evaluation_of_a_one_tower_model(tiny, captioned):
@@ -105,6 +111,11 @@ def test_evaluation_of_a_one_tower_model(tiny, captioned):
     assert metrics["i2t_recall@5"] >= metrics["i2t_recall@1"]
     rates = measure_success_rates(model, captioned, "test", batch_size=16)
     assert set(rates) == {"success/image/layer0", "success/text/layer0"}
+    routing = measure_routing(model, captioned, "test", batch_size=16)
+    assert {k: routing[k] for k in rates} == rates
+    for name in ("image", "text"):  # every real token has one top-1 expert; the padded pairs count nowhere
+        shares = routing[f"shares/{name}/layer0"]
+        assert shares.shape == (tiny.num_experts,) and shares.sum() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no MoE layer"):
         measure_success_rates(LIMoE(tiny.replace(placement="none"), rngs=nnx.Rngs(0)), captioned)
 

@@ -42,6 +42,15 @@ def expert_shares(record, modality, m: int) -> jnp.ndarray:
     return counts / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def busiest_shares(records, modality) -> dict[str, jnp.ndarray]:
+    """{"busiest/<modality>/layer<i>": the largest entry of ``expert_shares``} for every MoE layer i and modality:
+    the share of that modality's tokens whose top-1 choice is its most popular expert -- 1/E when spread
+    evenly, 1 when one expert takes them all (LIMoE Sec. 2.2.1, Fig. 3 C2: "all text tokens going to one
+    expert"). 0 when the batch has no token of the modality."""
+    return {f"busiest/{name}/layer{i}": jnp.max(expert_shares(record, modality, m))
+            for i, record in enumerate(records) for m, name in enumerate(MODALITIES)}
+
+
 def experts_used(record, modality, m: int, *, coverage: float = 0.9) -> int:
     """The number of experts needed to serve ``coverage`` of modality m's tokens by their TOP-1 choice (LIMoE
     App. B.2, Fig. 10: "if only 3 experts are needed for 90% text success rate, text routing is not highly
@@ -73,12 +82,13 @@ def priority_by_modality(record, modality) -> dict[str, jnp.ndarray]:
     return out
 
 
-def measure_success_rates(model, dataset, split: str = "test", *, batch_size: int = 256) -> dict[str, float]:
-    """Success rate per modality and MoE layer over a whole split, image-caption pairs routed together as in
-    training but at evaluation settings (no noise): {"success/<modality>/layer<i>": fraction of that modality's
-    tokens served, over all of the split's tokens}. The last batch is padded with blank pairs, which are routed
-    but not counted. Raises ValueError for a batch size that is not a multiple of the model's group_size, or a
-    model without MoE layers."""
+def measure_routing(model, dataset, split: str = "test", *, batch_size: int = 256) -> dict:
+    """Routing of a whole split, image-caption pairs routed together as in training but at evaluation settings
+    (no noise), per modality and MoE layer i: "success/<modality>/layer<i>" (float, the fraction of that
+    modality's tokens served) and "shares/<modality>/layer<i>" ((experts,) float64, the fraction of its tokens
+    whose top-1 choice is each expert, as ``expert_shares``), over all of the split's tokens. The last batch
+    is padded with blank pairs, which are routed but not counted. Raises ValueError for a batch size that is
+    not a multiple of the model's group_size, or a model without MoE layers."""
     import jax
     import numpy as np
     from flax import nnx
@@ -90,23 +100,35 @@ def measure_success_rates(model, dataset, split: str = "test", *, batch_size: in
     if batch_size <= 0 or batch_size % model.config.group_size:
         raise ValueError(f"batch_size={batch_size} is not a positive multiple of group_size={model.config.group_size}")
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    num_experts = model.config.num_experts
 
     @jax.jit
     def forward(params, rest, images, text, text_mask):
         out = nnx.merge(graphdef, params, rest)(images, text, text_mask)
-        return [jnp.any(r.served, axis=-1).reshape(out.modality.shape) for r in out.routing], out.modality
+        shape = out.modality.shape
+        return ([(jnp.any(r.served, axis=-1).reshape(shape), r.expert_index[..., 0].reshape(shape))
+                 for r in out.routing], out.modality)
 
-    served_counts, totals = {}, {}
+    served_counts, totals, top1_counts = {}, {}, {}
     for batch in eval_batches(dataset, split, batch_size):
         n = len(batch["image"])
         pad = lambda a: np.pad(a, [(0, batch_size - n)] + [(0, 0)] * (a.ndim - 1))
-        served, modality = jax.device_get(forward(params, rest, pad(batch["image"]), pad(batch["text"]),
+        layers, modality = jax.device_get(forward(params, rest, pad(batch["image"]), pad(batch["text"]),
                                                   pad(batch["text_mask"])))
         modality = np.array(modality)  # a writable copy
         modality[n:] = -1
-        for i, layer in enumerate(served):
+        for i, (served, top1) in enumerate(layers):
             for m, name in enumerate(MODALITIES):
-                key = f"success/{name}/layer{i}"
-                served_counts[key] = served_counts.get(key, 0) + int((layer & (modality == m)).sum())
-                totals[key] = totals.get(key, 0) + int((modality == m).sum())
-    return {key: served_counts[key] / max(totals[key], 1) for key in served_counts}
+                key, mask = f"{name}/layer{i}", modality == m
+                served_counts[key] = served_counts.get(key, 0) + int((served & mask).sum())
+                totals[key] = totals.get(key, 0) + int(mask.sum())
+                top1_counts[key] = top1_counts.get(key, 0) + np.bincount(top1[mask], minlength=num_experts)
+    return {**{f"success/{key}": served_counts[key] / max(totals[key], 1) for key in served_counts},
+            **{f"shares/{key}": top1_counts[key] / max(totals[key], 1) for key in top1_counts}}
+
+
+def measure_success_rates(model, dataset, split: str = "test", *, batch_size: int = 256) -> dict[str, float]:
+    """Success rate per modality and MoE layer over a whole split: the "success/<modality>/layer<i>" entries of
+    ``measure_routing`` (same arguments, same errors)."""
+    routing = measure_routing(model, dataset, split, batch_size=batch_size)
+    return {key: value for key, value in routing.items() if key.startswith("success/")}

@@ -34,7 +34,9 @@ from moe_course.train.steps import checks_enabled, make_eval_step, make_train_st
 @dataclass
 class TrainResult:
     """model: the trained nnx model. history: one dict per logged step (step, loss, task_loss, aux_loss,
-    accuracy, learning_rate, seconds since the run started; val_accuracy/val_loss where evaluated).
+    accuracy and the objective's other metrics, each the mean over the steps since the previous record;
+    loss_max, the largest single-step loss among them, so a spike is not averaged away; learning_rate,
+    seconds since the run started; val_accuracy/val_loss where evaluated).
     resumed_from: the checkpoint step the run started from, or None. seconds: wall time of this call.
     """
 
@@ -279,6 +281,7 @@ def train(
             if logged:
                 means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
                 record = {"step": step, "epoch": (step - 1) // per_epoch, **means,
+                          "loss_max": max(float(m["loss"]) for m in window),
                           "learning_rate": float(schedule(step - 1)),
                           "seconds": time.perf_counter() - started}
                 window = []

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from moe_course.analysis.modality import success_rates
+from moe_course.analysis.modality import busiest_shares, success_rates
 from moe_course.configs.limoe import LIMoEConfig
 from moe_course.train.contrastive import contrastive_loss
 
@@ -50,6 +50,7 @@ def _contrastive(model, batch, rngs: nnx.Rngs):
         "temperature": jnp.exp(out.log_temperature),
         **{f"aux/{name}": value for name, value in out.aux_terms.items()},
         **success_rates(out.routing, out.modality),
+        **busiest_shares(out.routing, out.modality),
     }
     return loss, out.aux_loss, metrics
 

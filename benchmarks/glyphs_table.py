@@ -1,6 +1,6 @@
 """Where experts pay: the seed tables of the digit-glyphs runs (docs/results.md and benchmarks/README.md).
 
-Reads the runs ``glyphs_sweep.py --out FILE`` recorded (default: benchmarks/results/glyphs.jsonl, the runs behind
+Reads the runs ``glyphs_sweep.py --out FILE`` recorded (default: moe_course/results/glyphs.jsonl, the runs behind
 the course's tables) and prints one markdown table per configuration ("variant": the options that differ from
 the glyphs-tiny presets and recipes; the recipes first): per model, forward MFLOPs per image, parameters, test
 accuracy (mean, standard deviation over seeds, range) and train loss (mean), and the seeds.

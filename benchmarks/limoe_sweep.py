@@ -13,9 +13,9 @@ CLI recipe's schedule (every option left out keeps the recipe's value: with none
 
 The line holds: forward FLOPs per pair (``flops_per_image``), parameters, the real image and text tokens per pair,
 test zero-shot accuracy and retrieval recall@1/@5 both ways, per modality and MoE layer on the test pairs the
-success rate, the busiest expert's share of top-1 choices and the experts that take 90% of them (App. B.2), and
-curves over training: every ``--log-every`` steps the mean and largest single-step loss and the in-batch
-success rates and busiest shares, every ``--eval-every`` steps validation zero-shot accuracy.
+success rate, every expert's share of top-1 choices, the busiest one's and the experts that take 90% of them
+(App. B.2), and curves over training: every ``--log-every`` steps the mean and largest single-step loss and the
+in-batch success rates and busiest shares, every ``--eval-every`` steps validation zero-shot accuracy.
 
 Usage: python benchmarks/limoe_sweep.py classic|local|paper|dense [--seed 1] [--patch-size 4] [--aux-weight 0.04] ...
 """
@@ -79,8 +79,8 @@ def configs(args: argparse.Namespace):
 
 
 def routing_summary(model, data) -> dict:
-    """Per modality and MoE layer on the test pairs: success rate, busiest expert's share of top-1 choices and
-    the experts covering 90% of them (LIMoE App. B.2)."""
+    """Per modality and MoE layer on the test pairs: success rate, every expert's share of top-1 choices, the
+    busiest expert's share and the experts covering 90% of them (LIMoE App. B.2)."""
     import numpy as np
 
     from moe_course.analysis.modality import measure_routing
@@ -94,6 +94,7 @@ def routing_summary(model, data) -> dict:
             layer = key.removeprefix("shares/")
             summary[f"busiest/{layer}"] = round(float(shares[0]), 4)
             summary[f"experts90/{layer}"] = int(np.searchsorted(np.cumsum(shares), 0.9 - 1e-6) + 1)
+            summary[f"shares/{layer}"] = [round(float(x), 4) for x in value]
     return summary
 
 

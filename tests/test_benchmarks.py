@@ -150,9 +150,10 @@ def test_limoe_sweep_trains_and_reports_one_json_line(kind, tmp_path):
     if kind == "dense":
         assert row["routing"] == {} and row["config"]["placement"] == "none"
     else:  # two MoE layers (blocks 1 and 3), both modalities: success, busiest share, experts for 90%
-        assert row["config"]["num_experts"] == 4 and len(row["routing"]) == 12
+        assert row["config"]["num_experts"] == 4 and len(row["routing"]) == 16
         assert all(0.25 <= row["routing"][f"busiest/{m}/layer{i}"] <= 1 for m in ("image", "text") for i in (0, 1))
         assert 0.25 <= row["curves"]["busiest/text/layer1"][-1][1] <= 1
+        assert sum(row["routing"]["shares/text/layer0"]) == pytest.approx(1, abs=1e-3)
 
 
 def test_limoe_sweep_defaults_are_the_cli_presets_and_recipes():

@@ -130,3 +130,21 @@ def test_every_test_that_imports_torch_skips_by_name_without_it():
         if lines:
             offenders[path.name] = lines
     assert not offenders, f"imports of torch before pytest.importorskip('torch'): {offenders}"
+
+
+def test_the_wheel_carries_the_recorded_runs_the_chapters_read(tmp_path):
+    """Chapters 3 and 5 read moe_course/results/ (``sweeps.RESULTS``); a chapter downloaded from the website
+    installs the course from a wheel, so the runs must be in it."""
+    import subprocess
+    import sys
+    import zipfile
+
+    from moe_course.analysis.sweeps import RESULTS
+
+    recorded = sorted(p.name for p in RESULTS.glob("*.jsonl"))
+    assert "glyphs.jsonl" in recorded
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, timeout=600)
+    (wheel,) = tmp_path.glob("moe_course-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert all(f"moe_course/results/{name}" in names for name in recorded), names

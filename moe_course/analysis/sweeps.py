@@ -3,7 +3,7 @@
 A run is one JSON object per line, as ``benchmarks/glyphs_sweep.py --out FILE`` appends them: ``kind`` (dense,
 tc, ec, soft), ``variant`` (the command-line options that differ from the presets and recipes, "" for the
 recipe itself), ``seed`` and the measured numbers (``test_accuracy``, ``train_loss``, ``flops``, ...). The
-runs behind the course's tables are kept in ``benchmarks/results/`` (``RESULTS``).
+runs behind the course's tables ship with the package in ``moe_course/results/`` (``RESULTS``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 KIND_NAMES = {"dense": "dense ViT", "tc": "Tokens Choice (BPR)", "ec": "Experts Choice", "soft": "Soft MoE"}
 
 

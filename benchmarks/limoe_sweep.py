@@ -7,9 +7,9 @@ prints one JSON line. KIND is a step of the paper's Fig. 3 ladder or its baselin
 - paper: ``digits-limoe``, + the global entropy losses (the paper's five terms, Fig. 3 bottom row);
 - dense: ``digits-dense-one-tower``, the dense one-tower model of equal active FLOPs.
 Options override the preset -- ``--patch-size`` sets the image:text balance (8: 16 image tokens per caption of
-up to 16 text tokens; 4: 64), experts, k, capacity ratio, aux weight, the global-entropy thresholds -- and the
-CLI recipe's schedule (every option left out keeps the recipe's value: with none, a run trains what
-``moe-course train limoe --preset <preset> --seed S`` trains).
+up to 16 text tokens; 4: 64), experts, k, capacity ratio, aux weight, the global-entropy thresholds (as the
+paper's soft minimum S = e^tau) -- and the CLI recipe's schedule (every option left out keeps the recipe's
+value: with none, a run trains what ``moe-course train limoe --preset <preset> --seed S`` trains).
 
 The line holds: forward FLOPs per pair (``flops_per_image``), parameters, the real image and text tokens per pair,
 test zero-shot accuracy and retrieval recall@1/@5 both ways, per modality and MoE layer on the test pairs the
@@ -17,20 +17,22 @@ success rate, every expert's share of top-1 choices, the busiest one's and the e
 (App. B.2), and curves over training: every ``--log-every`` steps the mean and largest single-step loss and the
 in-batch success rates and busiest shares, every ``--eval-every`` steps validation zero-shot accuracy.
 
-Usage: python benchmarks/limoe_sweep.py classic|local|paper|dense [--seed 1] [--patch-size 4] [--aux-weight 0.04] ...
+Usage: python benchmarks/limoe_sweep.py classic|local|paper|dense [--seed 1] [--patch-size 4] [--text-soft-min 4] ...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 import warnings
 
 KINDS = {"classic": "digits-limoe-classic", "local": "digits-limoe-local", "paper": "digits-limoe",
          "dense": "digits-dense-one-tower"}
 MODEL_OPTIONS = dict(patch_size="patch_size", experts="num_experts", k="k", capacity_ratio="capacity_ratio",
-                     aux_weight="aux_loss_weight", text_tau="text_tau", image_tau="image_tau", group="group_size")
+                     aux_weight="aux_loss_weight", text_soft_min="text_tau", image_soft_min="image_tau",
+                     group="group_size")
 MOE_ONLY = ("num_experts", "k", "capacity_ratio", "aux_loss_weight", "text_tau", "image_tau", "group_size")
 CURVE_PREFIXES = ("success/", "busiest/")
 
@@ -42,9 +44,10 @@ def parse(argv=None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="default: the preset's/recipe's")
     for name in ("capacity_ratio", "aux_weight", "lr"):
         p.add_argument(f"--{name.replace('_', '-')}", type=float, default=None, help="default: the preset's/recipe's")
-    p.add_argument("--text-tau", type=float, default=None,
-                   help="text's global-entropy threshold in nats (log S: a soft minimum of S experts; <= 0: off)")
-    p.add_argument("--image-tau", type=float, default=None, help="the same for images")
+    p.add_argument("--text-soft-min", type=float, default=None, metavar="S",
+                   help="text's global-entropy threshold as the paper's soft minimum S_T = e^tau (tau = log S: use "
+                        "at least about S experts; S <= 1 turns the loss off); default: the preset's")
+    p.add_argument("--image-soft-min", type=float, default=None, metavar="S", help="the same for images")
     p.add_argument("--seed", type=int, default=0, help="seeds the model, the data order and the canvases")
     p.add_argument("--out", default=None, help="append the JSON line to this file")
     return p.parse_args(argv)
@@ -66,6 +69,9 @@ def configs(args: argparse.Namespace):
     preset = get_preset("limoe", KINDS[args.kind])
     overrides = {field: getattr(args, option) for option, field in MODEL_OPTIONS.items()
                  if getattr(args, option) is not None and (args.kind != "dense" or field not in MOE_ONLY)}
+    for field in ("text_tau", "image_tau"):
+        if field in overrides:  # a soft minimum S <= 1 means tau <= 0: the loss is off
+            overrides[field] = math.log(overrides[field]) if overrides[field] > 0 else 0.0
     config = preset.replace(**overrides).validate()
     data = load_dataset("digits-captions", image_size=config.image_size, seed=args.seed)
     recipe = recipe_for(preset)

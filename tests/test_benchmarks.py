@@ -154,6 +154,12 @@ def test_limoe_sweep_trains_and_reports_one_json_line(kind, tmp_path):
         assert all(0.25 <= row["routing"][f"busiest/{m}/layer{i}"] <= 1 for m in ("image", "text") for i in (0, 1))
         assert 0.25 <= row["curves"]["busiest/text/layer1"][-1][1] <= 1
         assert sum(row["routing"]["shares/text/layer0"]) == pytest.approx(1, abs=1e-3)
+    table = subprocess.run([sys.executable, str(BENCHMARKS / "limoe_table.py"), str(tmp_path / "rows.jsonl")],
+                           check=True, capture_output=True, text=True, timeout=120).stdout.splitlines()
+    (line,) = [line for line in table if line.startswith(("| classic", "| dense"))]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[2] == f"{row['test_zero_shot']:.3f} ± 0.000 ({row['test_zero_shot']:.3f}-{row['test_zero_shot']:.3f})"
+    assert (cells[4] == "--") == (kind == "dense") and cells[-1] == "0"
 
 
 def test_limoe_sweep_defaults_are_the_cli_presets_and_recipes():

@@ -14,12 +14,10 @@ Usage: python benchmarks/glyphs_sweep.py dense|tc|ec|soft [--seed 1] [--glyphs-p
 from __future__ import annotations
 
 import argparse
-import json
-import time
-import warnings
 
 from moe_course.configs.vmoe import PLACEMENTS
 from moe_course.data.registry import GLYPHS_PER_DIGIT
+from sweep_run import parameter_count, record, train_timed
 
 # Each kind is a glyphs-tiny preset; every option left unset keeps the preset's (or its CLI recipe's) value, so
 # `glyphs_sweep.py tc --seed 1` trains what `moe-course train vmoe --preset glyphs-tiny-moe --seed 1` trains.
@@ -86,34 +84,22 @@ def configs(args: argparse.Namespace):
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    warnings.filterwarnings("ignore", message=".*capacity.*")
-    import jax
-    from flax import nnx
-
     from moe_course.analysis.flops import flops_per_image
-    from moe_course.train import evaluate, train
+    from moe_course.train import evaluate
 
-    print(f"device: {jax.devices()[0].device_kind}")
     config, schedule, data = configs(args)
-    start = time.time()
-    result = train(config, data, schedule, progress=False)
-    seconds = time.time() - start
+    result, seconds = train_timed(config, schedule, data)
     test, train_split = (evaluate(result.model, data, split, batch_size=512) for split in ("test", "train"))
     row = dict(kind=args.kind, variant=variant(args),
                **{k: v for k, v in vars(args).items() if k not in ("kind", "out")},
                config={f: getattr(config, f) for f in MODEL_OPTIONS.values() if hasattr(config, f)},
                schedule=dict(steps=schedule.steps, batch=schedule.batch_size, lr=schedule.learning_rate),
-               flops=flops_per_image(config),
-               params=int(sum(x.size for x in jax.tree.leaves(nnx.state(result.model, nnx.Param)))),
+               flops=flops_per_image(config), params=parameter_count(result.model),
                test_accuracy=round(test["accuracy"], 4), test_loss=round(test["loss"], 4),
                train_accuracy=round(train_split["accuracy"], 4), train_loss=round(train_split["loss"], 4),
                val_curve=[(h["step"], round(h["val_accuracy"], 4)) for h in result.history if "val_accuracy" in h],
                train_seconds=round(seconds, 1))
-    print(json.dumps(row))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    return row
+    return record(row, args.out)
 
 
 if __name__ == "__main__":

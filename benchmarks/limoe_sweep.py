@@ -23,10 +23,9 @@ Usage: python benchmarks/limoe_sweep.py classic|local|paper|dense [--seed 1] [--
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import time
-import warnings
+
+from sweep_run import parameter_count, record, train_timed
 
 KINDS = {"classic": "digits-limoe-classic", "local": "digits-limoe-local", "paper": "digits-limoe",
          "dense": "digits-dense-one-tower"}
@@ -114,40 +113,28 @@ def curves(history: list[dict]) -> dict:
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    warnings.filterwarnings("ignore", message=".*capacity.*")
-    import jax
     import numpy as np
-    from flax import nnx
 
     from moe_course.analysis.flops import flops_per_image
     from moe_course.analysis.zero_shot import evaluate_contrastive
-    from moe_course.train import train
 
-    print(f"device: {jax.devices()[0].device_kind}")
     config, schedule, data = configs(args)
-    start = time.time()
-    result = train(config, data, schedule, progress=False)
-    seconds = time.time() - start
+    result, seconds = train_timed(config, schedule, data)
     test = evaluate_contrastive(result.model, data, "test", batch_size=256)
     test_pairs = data.get("test", np.arange(data.split_size("test")))
-    text_tokens = round(float(test_pairs["text_mask"].sum(-1).mean()), 2)
     row = dict(kind=args.kind, variant=variant(args), seed=args.seed,
                options={k: v for k, v in vars(args).items() if k not in ("kind", "out", "seed")},
                config={f: getattr(config, f) for f in MODEL_OPTIONS.values()} | {"placement": config.placement},
                schedule=dict(steps=schedule.steps, batch=schedule.batch_size, lr=schedule.learning_rate),
-               flops=flops_per_image(config),
-               params=int(sum(x.size for x in jax.tree.leaves(nnx.state(result.model, nnx.Param)))),
-               image_tokens=(config.image_size // config.patch_size) ** 2, text_tokens=text_tokens,
+               flops=flops_per_image(config), params=parameter_count(result.model),
+               image_tokens=(config.image_size // config.patch_size) ** 2,
+               text_tokens=round(float(test_pairs["text_mask"].sum(-1).mean()), 2),
                test_zero_shot=round(test["zero_shot_accuracy"], 4),
                **{f"test_{k}": round(test[k], 4) for k in ("i2t_recall@1", "t2i_recall@1", "i2t_recall@5",
                                                            "t2i_recall@5")},
                routing=routing_summary(result.model, data) if result.model.moe_layers() else {},
                curves=curves(result.history), train_seconds=round(seconds, 1))
-    print(json.dumps(row))
-    if args.out:
-        with open(args.out, "a") as f:
-            f.write(json.dumps(row) + "\n")
-    return row
+    return record(row, args.out)
 
 
 if __name__ == "__main__":

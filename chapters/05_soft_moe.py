@@ -21,7 +21,8 @@
 #    rest of the batch (Tokens Choice with groups of several images is not);
 # 3. a dense ViT, Tokens Choice, Experts Choice and Soft MoE at matched FLOPs on a task bound by parameters
 #    (the comparison of the paper's Fig. 3 at toy scale; three seeds each, recorded);
-# 4. step time as the number of experts grows at a fixed number of slots (Fig. 6, right);
+# 4. accuracy (recorded) and step time (measured here) as the number of experts grows at a fixed number of
+#    slots (Fig. 6);
 # 5. what slots look at, drawn on real digits (Fig. 10);
 # 6. what goes wrong with too few slots, and why Soft MoE does not fit causal decoders.
 #
@@ -263,8 +264,9 @@ ax.set_title(f"digit-glyphs ({configs['dense'].num_classes} classes), 8,000 step
 # the image's 16 tokens, every expert sees nearly the same mixture, and every token reads back nearly the same
 # answer -- the experts cannot specialise on glyphs until the scale has grown. The paper trains for 300k steps
 # on JFT-4B with hundreds of tokens per image; we train 8,000 steps with 16. The sweep in `benchmarks/README.md`
-# ("Where experts pay") has the other configurations we tried, and accuracy as the experts grow at fixed slots
-# (Fig. 6, left; its step times are section 4).
+# ("Where experts pay") has the other configurations we tried -- among them Soft MoE in the second half of the
+# blocks, where the paper places it (0.928 on seed 0, below its 0.947 in blocks 1 and 3); section 4 has
+# accuracy and step time as the experts grow at fixed slots (Fig. 6).
 
 # %%
 assert all(len(spread.seeds) >= 3 for spread in test.values()), test
@@ -319,9 +321,52 @@ print(f"Soft MoE on the digits: test accuracy {soft_test['accuracy']:.3f}")
 assert soft_test["accuracy"] >= 0.2, soft_test
 
 # %% [markdown]
-# ## 4. Cost as the number of experts grows (Fig. 6, right)
+# ## 4. As the number of experts grows (Fig. 6)
 #
-# Fix the work: 256 slots per image for Soft MoE (so p = 256 / E slots per expert), and for Tokens Choice a
+# **Accuracy (Fig. 6, left).** The paper grows the number of experts while the slots stay fixed, so the work
+# per image does not change: Soft MoE keeps improving, Tokens and Experts Choice degrade past some number of
+# experts. At toy scale, on the digit-glyphs recipe: Tokens and Experts Choice keep their buffers at C = 1.05
+# of the tokens whatever E; Soft MoE keeps 16 slots per image, p = 16 / E per expert (so E cannot pass 16 here,
+# which would need slots shared between images). Read from the recorded runs, seed 0 (`python
+# benchmarks/glyphs_sweep.py tc|ec --experts E`, `soft --experts E --slots 16/E`; E = 16 is the recipe):
+
+# %%
+def seed0_accuracy(kind, experts):
+    """Test accuracy of the recorded seed-0 glyphs run of ``kind`` with ``experts`` experts at fixed slots."""
+    variant = "" if experts == 16 else f"--experts {experts}" + (f" --slots {16 // experts}" if kind == "soft" else "")
+    (run,) = [run for run in glyph_runs if (run["kind"], run["variant"], run["seed"]) == (kind, variant, 0)]
+    return run["test_accuracy"]
+
+
+experts_sweep = {"tc": [4, 16, 32, 64], "ec": [4, 16, 32], "soft": [4, 8, 16]}
+by_experts = {kind: {e: seed0_accuracy(kind, e) for e in sweep} for kind, sweep in experts_sweep.items()}
+dense_seed0 = recipe_runs["dense", 0]
+fig, ax = plt.subplots(figsize=(5.5, 3.4))
+for name, kind in (("Tokens Choice", "tc"), ("Experts Choice", "ec"), ("Soft MoE", "soft")):
+    ax.plot(list(by_experts[kind]), list(by_experts[kind].values()), "o-", label=name)
+    print(f"{name:15s} " + "  ".join(f"E = {e}: {acc:.3f}" for e, acc in by_experts[kind].items()))
+ax.axhline(dense_seed0, color="k", ls=":", label=f"dense ViT ({dense_seed0:.3f})")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("number of experts E (slots per image fixed)")
+ax.set_ylabel("test accuracy (seed 0)")
+ax.set_title("digit-glyphs: accuracy vs experts at equal FLOPs")
+ax.legend(fontsize=8);
+
+# %% [markdown]
+# **What held (one seed per point; the recipes' seed-to-seed spread is about a point, so smaller differences
+# are not findings).** Tokens Choice beats the dense model at every E from 4 to 64 and does not degrade: the
+# paper's degradation sets in at hundreds to thousands of experts. Experts Choice improves with E (0.947,
+# 0.972, 0.978 when we recorded them for E = 4, 16, 32). Soft MoE improves as its experts grow at fixed slots
+# -- the direction of the paper's Fig. 6 -- but stays below the dense model at every E we could run; the
+# paper's ordering, Soft MoE above both, does not show at this scale.
+
+# %%
+assert all(acc >= dense_seed0 + 0.02 for acc in by_experts["tc"].values()), by_experts
+assert by_experts["ec"][4] < by_experts["ec"][16] < by_experts["ec"][32], by_experts
+assert by_experts["soft"][4] < by_experts["soft"][8] < by_experts["soft"][16] < dense_seed0, by_experts
+
+# %% [markdown]
+# **Cost (Fig. 6, right).** Fix the work: 256 slots per image for Soft MoE (so p = 256 / E slots per expert), and for Tokens Choice a
 # top-1 router whose buffers hold 256 token slots per image in total (B = 256 / E). Both run exactly as many
 # expert rows, whatever E. What grows with E? For Tokens Choice, the router (a d x E matrix product per
 # token), the top-k and the buffer bookkeeping; for Soft MoE nothing but the size of the weight tensors, its

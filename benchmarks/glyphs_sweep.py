@@ -25,8 +25,10 @@ KINDS = {"dense": ("vit", "glyphs-tiny"), "tc": ("vmoe", "glyphs-tiny-moe"), "ec
          "soft": ("soft-moe", "glyphs-tiny-soft")}
 MODEL_OPTIONS = dict(width="width", mlp="mlp_dim", depth="depth", heads="heads", patch="patch_size",
                      experts="num_experts", k="k", last_n="moe_last_n", group="group_size",
-                     slots="slots_per_expert", capacity_ratio="capacity_ratio", placement="placement")
-MOE_ONLY = ("num_experts", "k", "moe_last_n", "group_size", "slots_per_expert", "capacity_ratio", "placement")
+                     slots="slots_per_expert", capacity_ratio="capacity_ratio", placement="placement",
+                     allocation="allocation")
+MOE_ONLY = ("num_experts", "k", "moe_last_n", "group_size", "slots_per_expert", "capacity_ratio", "placement",
+            "allocation")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -41,6 +43,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--capacity-ratio", type=float, default=None)
     p.add_argument("--placement", choices=PLACEMENTS, default=None,
                    help="which blocks are MoE (VMoEConfig.placement); last-n takes the last --last-n even blocks")
+    p.add_argument("--allocation", choices=("vanilla", "bpr"), default=None,
+                   help="Tokens Choice's buffer allocation: vanilla (V-MoE App. C Alg. 1) or bpr (Alg. 2, the preset's)")
     p.add_argument("--digit-size", type=int, nargs=2, default=(14, 22), help="min and max digit side in pixels")
     p.add_argument("--max-strokes", type=int, default=5, help="clutter strokes per canvas: 2 (or fewer) to this")
     p.add_argument("--out", default=None, help="append the JSON line to this file")
@@ -66,6 +70,8 @@ def configs(args: argparse.Namespace):
     from moe_course.data import ClutteredDigits, DigitsConfig
     from moe_course.recipes import recipe_for
 
+    if args.allocation and args.kind != "tc":
+        raise ValueError(f"--allocation {args.allocation} is for Tokens Choice (tc), not {args.kind!r}")
     data = ClutteredDigits(DigitsConfig(task="glyph", glyphs_per_class=(args.glyphs_per_digit, 1, 1),
                                         seed=args.seed, digit_size=tuple(args.digit_size),
                                         strokes=(min(2, args.max_strokes), args.max_strokes)))

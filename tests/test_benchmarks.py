@@ -135,6 +135,10 @@ def test_glyphs_sweep_defaults_are_the_cli_presets_and_recipes():
         ["soft", "--experts", "8", "--slots", "2", "--placement", "second-half", "--steps", "50", "--lr", "3e-3"]))
     assert (config.num_experts, config.slots_per_expert, config.moe_blocks()) == (8, 2, (2, 3))
     assert (schedule.steps, schedule.learning_rate, schedule.warmup_steps) == (50, 3e-3, 5)
+    config, _, _ = glyphs_sweep.configs(glyphs_sweep.parse(["tc", "--allocation", "vanilla", "--capacity-ratio", "0.25"]))
+    assert (config.allocation, config.capacity_ratio) == ("vanilla", 0.25)
+    with pytest.raises(ValueError, match="--allocation vanilla is for Tokens Choice"):
+        glyphs_sweep.configs(glyphs_sweep.parse(["ec", "--allocation", "vanilla"]))
 
 
 @pytest.mark.parametrize("kind", ["classic", "dense"])

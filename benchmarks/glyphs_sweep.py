@@ -44,7 +44,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--placement", choices=PLACEMENTS, default=None,
                    help="which blocks are MoE (VMoEConfig.placement); last-n takes the last --last-n even blocks")
     p.add_argument("--allocation", choices=("vanilla", "bpr"), default=None,
-                   help="Tokens Choice's buffer allocation: vanilla (V-MoE App. C Alg. 1) or bpr (Alg. 2, the preset's)")
+                   help="Tokens Choice's buffer allocation: vanilla (V-MoE App. C Alg. 1) or bpr (Alg. 2, the "
+                        "preset's)")
     p.add_argument("--digit-size", type=int, nargs=2, default=(14, 22), help="min and max digit side in pixels")
     p.add_argument("--max-strokes", type=int, default=5, help="clutter strokes per canvas: 2 (or fewer) to this")
     p.add_argument("--out", default=None, help="append the JSON line to this file")

@@ -22,8 +22,8 @@
 # 3. which patches BPR drops, drawn on real test images (Fig. 5), and a slider to move C yourself;
 # 4. how routing relates to the image class in an early and a late MoE layer (Fig. 8);
 # 5. changing k, the number of experts per token, on the trained model (App. E.4);
-# 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3) -- which, at our
-#    scale, we could not reproduce reliably.
+# 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3): the saving in FLOPs
+#    shows, BPR's advantage does not (three seeds each, recorded).
 #
 # The one model this chapter trains (a V-MoE on the digits, 800 steps) takes about a minute on two CPU cores;
 # it is checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads it
@@ -366,12 +366,25 @@ print("validation accuracy gained in the last 1,000 steps: "
       + ", ".join(f"{a} seed {s} {gain:+.3f}" for (a, s), gain in sorted(low_c_late_gain.items())))
 
 # %% [markdown]
-# LOW_C_PROSE
+# **What we measured: App. C.3's main claim does not reproduce here; its side claim does.** When we recorded
+# the runs, the BPR-trained models reached 0.964 on average (0.987, 0.948, 0.955 for seeds 0-2) and the
+# vanilla-trained ones 0.969 (0.983, 0.962, 0.963): BPR ahead on seed 0 by 0.4 points, behind on seeds 1 and
+# 2 by 1.4 and 0.7 -- no advantage, and what difference there is lies inside the seed-to-seed spread. Every
+# curve had flattened (no run gained more than a point of validation accuracy over its last 1,000 steps).
+# What does hold is the saving: at C = 0.25 each MoE layer processes a quarter of the tokens, so the model
+# costs 0.85 of the dense model's forward FLOPs, and both low-capacity V-MoEs still match the dense model
+# on average (0.969 and 0.964 against 0.950; ahead on seeds 0 and 2, level or behind on seed 1) -- the
+# paper's "the dense model's accuracy with about 80% of its training FLOPs". Why BPR does not help here is
+# open; one difference from the paper is that our tokens are few (16 per image) and a dropped token still
+# passes through the residual branch, so with k = 1 which tokens get in may matter less than in the paper's
+# 2-expert, 49-token V-MoE-S/32.
 
 # %%
 assert len(low_c_seeds) >= 3, low_c_runs
 assert all(gain <= 0.01 for gain in low_c_late_gain.values()), low_c_late_gain
-LOW_C_ASSERTIONS
+assert low_c_flops / recipe_runs["dense", 0]["flops"] <= 0.9, low_c_flops
+assert min(low_c["vanilla"].mean, low_c["bpr"].mean) >= glyphs["dense"].mean, (low_c, glyphs["dense"])
+assert low_c["bpr"].mean <= low_c["vanilla"].mean + 0.01, low_c  # not reproduced: no BPR lead of a point
 
 # ## 7. Full scale
 #

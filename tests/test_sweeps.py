@@ -74,3 +74,38 @@ def test_the_recorded_glyphs_runs_read():
     runs = read_runs(RESULTS / "glyphs.jsonl")
     assert {run["kind"] for run in runs} == {"dense", "tc", "ec", "soft"}
     assert all(0 <= run["test_accuracy"] <= 1 for run in runs)
+
+
+def _limoe_run(kind, seed, zero_shot, busiest=0.5, variant="--patch-size 4"):
+    routing = {} if kind == "dense" else {f"{metric}/text/layer{i}": value for i in (0, 1) for metric, value in
+                                          (("success", 0.9), ("busiest", busiest), ("experts90", 3))}
+    return dict(kind=kind, variant=variant, seed=seed, test_zero_shot=zero_shot, flops=2.8e7,
+                **{"test_i2t_recall@1": 0.2, "test_t2i_recall@1": 0.3}, routing=routing,
+                curves={"loss": [[50, 2.0], [100, 1.0], [150, 0.5]], "loss_max": [[50, 3.0], [100, 1.5], [150, 2.5]],
+                        "busiest/text/layer1": [[50, busiest / 2], [100, busiest]]})
+
+
+def test_limoe_table_rows_spread_over_seeds_and_the_worst_loss_spike():
+    from moe_course.analysis.limoe_runs import curves_of, flattened, limoe_seed_table
+
+    runs = [_limoe_run("paper", 0, 0.8, busiest=0.4), _limoe_run("paper", 1, 0.9, busiest=0.6),
+            _limoe_run("dense", 0, 0.7), _limoe_run("paper", 0, 0.1, variant="")]
+    assert flattened(runs[0])["loss_spike"] == pytest.approx(2.5 / 1.0)  # the window after the mean 1.0
+    table = limoe_seed_table(runs, "--patch-size 4").splitlines()
+    paper, dense = table[2].split(" | "), table[3].split(" | ")
+    assert paper[0] == "| + global entropy (the paper's 5 terms)" and dense[0] == "| dense one tower"
+    assert paper[2] == f"0.850 ± {math.sqrt(0.005):.3f} (0.800-0.900)" and paper[-1] == "0, 1 |"
+    assert paper[5] == "0.500 (0.600) / 0.500 (0.600)" and paper[6] == "3,3 / 3,3" and dense[4] == "--"
+    assert curves_of(runs, "paper", "busiest/text/layer1", "--patch-size 4") == {
+        0: ([50, 100], [0.2, 0.4]), 1: ([50, 100], [0.3, 0.6])}
+    with pytest.raises(KeyError, match="no curve 'val_zero_shot'"):
+        curves_of(runs, "paper", "val_zero_shot", "--patch-size 4")
+
+
+def test_the_recorded_limoe_runs_read():
+    from moe_course.analysis.limoe_runs import limoe_seed_table
+
+    runs = read_runs(RESULTS / "limoe.jsonl")
+    assert {run["kind"] for run in runs} <= {"classic", "local", "paper", "dense"}
+    for variant in {run["variant"] for run in runs}:
+        assert limoe_seed_table(runs, variant).count("\n") >= 2

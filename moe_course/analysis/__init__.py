@@ -1,8 +1,8 @@
 """Measurements on models, one file per topic: ``routing`` (routing records, expert-class statistics) and
 ``flops`` (analytic FLOP counts per model family), ``timing`` (measured step times side by side),
 ``modality`` (per-modality success rates, expert shares and experts used of a one-tower MoE),
-``zero_shot`` (zero-shot classification with prompt ensembling, retrieval recall@k) and ``sweeps`` (seed
-statistics of recorded training runs)."""
+``zero_shot`` (zero-shot classification with prompt ensembling, retrieval recall@k), ``sweeps`` (seed
+statistics of recorded training runs) and ``limoe_runs`` (the tables and curves of the recorded LIMoE runs)."""
 
 from moe_course.analysis.flops import (
     attention_flops,

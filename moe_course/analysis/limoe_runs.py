@@ -1,0 +1,74 @@
+"""Seed tables and curves of recorded LIMoE runs: the Fig. 3 / Fig. 5 / Figs. 9-10 sweeps of chapter 4,
+docs/results.md and benchmarks/README.md.
+
+A run is one JSON line as ``benchmarks/limoe_sweep.py --out FILE`` writes it (the course's runs:
+``RESULTS / "limoe.jsonl"``): ``kind`` (classic, local, paper, dense), ``variant`` (the options that differ from
+the presets and the recipe), ``seed``, ``test_zero_shot``, retrieval recalls, ``routing`` (per modality and MoE
+layer on the test pairs: ``success/<m>/layer<i>``, ``busiest/...``, ``experts90/...``, ``shares/...``) and
+``curves`` (``[step, value]`` lists over training).
+"""
+
+from __future__ import annotations
+
+from moe_course.analysis.sweeps import seed_spread
+
+KIND_NAMES = {"classic": "classic (joint importance + load)", "local": "+ local entropy on text",
+              "paper": "+ global entropy (the paper's 5 terms)", "dense": "dense one tower"}
+
+
+def flattened(run: dict) -> dict:
+    """``run`` with its test routing numbers and its worst loss spike as top-level metrics (for ``seed_spread``).
+    The loss spike is the largest single-step loss of a logging window over the previous window's mean loss, the
+    worst over training (about 1 when training is smooth)."""
+    curves = run["curves"]
+    previous_means = [mean for _, mean in curves["loss"][:-1]]
+    spike = max(top / mean for (_, top), mean in zip(curves["loss_max"][1:], previous_means))
+    return {**run, **run["routing"], "loss_spike": spike}
+
+
+def limoe_seed_table(runs: list[dict], variant: str = "") -> str:
+    """A markdown table of ``variant``'s runs ("" = the recipes), one row per model (the Fig. 3 ladder, then the
+    dense model): forward MFLOPs per pair, zero-shot accuracy (mean ± std over seeds, range), retrieval recall@1
+    both ways (means), per MoE layer the text success rate (mean, lowest seed), the busiest expert's share of text
+    (mean, highest seed), the experts that take 90% of text (per seed), the worst loss spike (mean) and the
+    seeds. Raises ValueError as ``seed_spread`` does (a seed recorded twice, a non-finite number)."""
+    runs = [flattened(run) for run in runs if run["variant"] == variant]
+    zero_shot = seed_spread(runs, "test_zero_shot", variant)
+    mean = lambda metric, kind: seed_spread([run for run in runs if run["kind"] == kind], metric, variant)[kind]
+    first = {run["kind"]: run for run in runs}
+    lines = ["| model | MFLOPs | zero-shot: mean ± std (range) | R@1 image->text / text->image | text success, "
+             "layer 0 / 1: mean (lowest) | busiest expert's share of text, layer 0 / 1: mean (highest) | experts "
+             "for 90% of text, layer 0 / 1 | worst loss spike | seeds |", "| --- " * 9 + "|"]
+    for kind in sorted(zero_shot, key=lambda k: list(KIND_NAMES).index(k) if k in KIND_NAMES else 9):
+        spread, routed = zero_shot[kind], first[kind]["routing"]
+        cells = [KIND_NAMES.get(kind, kind), f"{first[kind]['flops'] / 1e6:.2f}",
+                 f"{spread.mean:.3f} ± {spread.std:.3f} ({spread.low:.3f}-{spread.high:.3f})",
+                 f"{mean('test_i2t_recall@1', kind).mean:.3f} / {mean('test_t2i_recall@1', kind).mean:.3f}"]
+        if routed:
+            layers = (0, 1)
+            success = [mean(f"success/text/layer{i}", kind) for i in layers]
+            busiest = [mean(f"busiest/text/layer{i}", kind) for i in layers]
+            experts = [[run["routing"][f"experts90/text/layer{i}"] for run in runs if run["kind"] == kind]
+                       for i in layers]
+            cells += [" / ".join(f"{s.mean:.3f} ({s.low:.3f})" for s in success),
+                      " / ".join(f"{b.mean:.3f} ({b.high:.3f})" for b in busiest),
+                      " / ".join(",".join(map(str, e)) for e in experts)]
+        else:
+            cells += ["--", "--", "--"]
+        cells += [f"{mean('loss_spike', kind).mean:.2f}", ", ".join(map(str, spread.seeds))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def curves_of(runs: list[dict], kind: str, metric: str, variant: str = "") -> dict[int, tuple[list, list]]:
+    """{seed: (steps, values)} of one logged curve (e.g. ``busiest/text/layer1``, ``val_zero_shot``) for the runs
+    of ``kind`` and ``variant``; KeyError naming the metric when a run did not log it."""
+    out = {}
+    for run in runs:
+        if run["kind"] == kind and run["variant"] == variant:
+            if metric not in run["curves"]:
+                raise KeyError(f"the {kind} run of seed {run['seed']} has no curve {metric!r}; it has "
+                               f"{sorted(run['curves'])}")
+            steps, values = zip(*run["curves"][metric]) if run["curves"][metric] else ((), ())
+            out[run["seed"]] = (list(steps), list(values))
+    return dict(sorted(out.items()))

@@ -16,22 +16,25 @@
 # classic balancing losses of V-MoE do not keep the minority modality healthy. The paper adds two entropy
 # losses per modality and a threshold that acts as a soft minimum on the number of experts a modality uses.
 #
-# What you will see, each claim measured in this notebook:
+# What you will see, each claim measured in this notebook or read from recorded runs whose commands are given:
 # 1. image-text pairs made from the cluttered digits: captions that state the class, the size and the place
 #    of the digit, and a real subword tokenizer with a padding mask;
 # 2. from two towers to one tower, and the contrastive loss (Eq. 1) checked against a literal loop over pairs;
-# 3. the paper's Fig. 3 at toy scale: classic losses only, then + local entropy on text, then + global
-#    entropy, with the success rate of each modality over training and the experts text uses;
-# 4. the threshold tau as a soft minimum on the number of experts (Figs. 9-10);
-# 5. zero-shot classification with class prompts and image-text retrieval, with retrieved examples drawn;
+# 3. why a shared MoE drops text, the paper's losses, and its Fig. 3 at toy scale -- classic losses, then +
+#    local entropy on text, then + global entropy -- over three seeds under paper-like conditions (recorded
+#    runs), then one LIMoE trained here;
+# 4. the threshold tau as a soft minimum on the number of experts a modality uses (Figs. 9-10);
+# 5. zero-shot classification with class prompts and image-text retrieval, and LIMoE against the dense
+#    one-tower model of equal FLOPs;
 # 6. pruning the experts text does not use (App. E.4).
 #
-# The three models of section 3 train side by side and are checkpointed under `MOE_COURSE_WORKDIR` (default
-# `runs/`): run the notebook again and it loads them instead of training.
+# The model of section 3 is checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again
+# and it loads it instead of training.
 
 # %%
 import math
 import os
+import textwrap
 import warnings
 
 import ipywidgets as widgets
@@ -40,16 +43,18 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from moe_course.analysis import (embed_images, embed_texts, evaluate_contrastive, experts_used, expert_shares,
                                  flops_per_image, measure_success_rates, zero_shot_predictions, zero_shot_weights)
+from moe_course.analysis.limoe_runs import curves_of, flattened, limoe_seed_table
+from moe_course.analysis.sweeps import RESULTS, read_runs, seed_spread
 from moe_course.configs import get_preset
 from moe_course.data import CaptionedDigits
 from moe_course.models import limoe_param_count, pruned_experts
 from moe_course.routing import (CapacityRoundingWarning, global_entropy_loss, local_entropy_loss,
                                 multimodal_aux_losses)
-from moe_course.train import TrainConfig, side_by_side, train_side_by_side
+from moe_course.train import TrainConfig, train
 from moe_course.train.contrastive import contrastive_loss
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
@@ -76,7 +81,7 @@ for ax, image, text in zip(axes, sample["image"], sample["caption"]):
     ax.set_title(text.replace(" in the", "\nin the").replace(", at", ",\nat").replace(" near", "\nnear")
                  .replace(" at the", "\nat the").replace(" among", "\namong"), fontsize=7)
     ax.axis("off")
-fig.suptitle("Test canvases and their captions", fontsize=10)
+_ = fig.suptitle("Test canvases and their captions", fontsize=10)
 
 # %% [markdown]
 # The text side needs tokens. A SentencePiece BPE tokenizer (the kind of subword tokenizer LIMoE uses) is
@@ -154,24 +159,29 @@ assert abs(float(grad)) > 1e-4
 # %% [markdown]
 # ## 3. Why a shared MoE drops text tokens, and what the entropy losses do (Fig. 3)
 #
-# Each expert has a buffer of fixed size per routing group (chapter 2): with k = 1, C = 1 and E = 8 experts,
-# a group of 8 pairs (8 x 16 image tokens + 8 x 16 text positions) gives every expert room for 32 tokens.
-# The balancing losses of V-MoE push the router to spread the tokens evenly. But nothing stops the router
-# from sending a whole modality to one or two experts while the *total* still looks balanced -- and then
-# those experts overflow. In the paper, image tokens outnumber text tokens about 12 to 1 (up to 27 to 1),
-# so the text minority is the one that crowds into a few experts and gets dropped. Our captions are longer
-# relative to our images (about 10 real text tokens beside 16 image tokens), but the arithmetic is the same:
+# Each expert has a buffer of fixed size per routing group (chapter 2): with k = 1 and C = 1, a group of 8
+# pairs gives each of the E experts room for 1/E of the group's token positions. The balancing losses of
+# V-MoE push the router to spread the tokens evenly. But nothing stops the router from sending a whole
+# modality to one or two experts while the *total* still looks balanced -- and then those experts overflow.
+# In the paper, image tokens outnumber text tokens about 12 to 1 (up to 27 to 1), so the text minority is the
+# one that crowds into a few experts and gets dropped. Whether one expert's buffer can hold a group's text
+# decides what a collapse costs:
 
 # %%
 from moe_course.routing import expert_capacity
 
-group_tokens = limoe_config.group_size * (limoe_config.num_patches + pairs.seq_len)
-capacity = expert_capacity(1, group_tokens, limoe_config.capacity_ratio, limoe_config.num_experts)
-text_tokens = limoe_config.group_size * float(lengths.mean())
-print(f"a group of {limoe_config.group_size} pairs: {group_tokens} token positions, {capacity} slots per expert; "
-      f"about {text_tokens:.0f} real text tokens")
-print(f"if all text went to one expert, at most {capacity / text_tokens:.0%} of it could be served; "
-      f"spread over two, {min(1, 2 * capacity / text_tokens):.0%}")
+text_per_pair = float(lengths.mean())
+settings = {"ours: 8x8 patches, 8 experts (the presets)": (16, text_per_pair, 8),
+            "ours: 4x4 patches, 8 experts": (64, text_per_pair, 8),
+            "ours: 4x4 patches, 32 experts": (64, text_per_pair, 32),
+            "LIMoE-B/16: 196 patches, 32 experts": (196, 16, 32)}
+group = limoe_config.group_size
+print(f"a routing group of {group} pairs, k = 1, C = 1:")
+for name, (image_tokens, text_tokens, experts) in settings.items():
+    slots = expert_capacity(1, group * (image_tokens + pairs.seq_len), 1.0, experts)
+    print(f"  {name:40s} image:text {image_tokens / text_tokens:4.1f}:1  {slots:3d} slots per expert for "
+          f"{group * text_tokens:3.0f} text tokens: one expert serves {min(1, slots / (group * text_tokens)):.0%} "
+          "of a collapsed modality")
 
 # %% [markdown]
 # The paper's remedy, computed per modality m on that modality's tokens only:
@@ -186,8 +196,8 @@ print(f"if all text went to one expert, at most {capacity / text_tokens:.0%} of 
 # The paper's recipe has five terms: local and global entropy on text and global entropy on images, each on
 # that modality's tokens only, plus the classic importance and load losses of V-MoE, computed over all
 # tokens of both modalities together -- the router's whole batch, as V-MoE has them (App. B.1). The aux loss
-# is 0.04 times the mean of the five. With 8 experts we use tau = log 2 for text and log 4 for images (the
-# paper: log 9 and log 20 of 32).
+# is 0.04 times the mean of the five. With 8 experts our presets use tau = log 2 for text and log 4 for
+# images (the paper: log 9 and log 20 of 32).
 #
 # Why the classic losses alone cannot protect text: they look at both modalities together, so a balanced
 # majority hides a collapsed minority. The paper's own example (Sec. 2.2.1, B/16's numbers): 32 experts, 196
@@ -211,74 +221,130 @@ assert float(joint.terms["importance"]) < 0.01 * (experts - 1) < 30 < float(per_
 # library keeps them as a named variant for ablations (`text_aux_losses=("importance", "load", ...)`), but
 # the paper's losses, and our presets, are the joint ones. The entropy losses are the paper's answer.
 #
-# **What our scale changes.** The paper trains for days, and by then its routers are confident: a text token
-# puts nearly all its weight on one expert (App. F, Fig. 38). Our models train for a few hundred steps, and
-# their routers stay close to uniform: at the paper's aux weight of 0.04, a text token's top-1 weight was
-# 0.33 with classic losses and 0.37 with the paper's losses after 400 steps of 64 pairs (mean over the test
-# captions, MoE layer 0, measured when we wrote this, with an earlier version of these models whose
-# importance and load losses were per modality) -- the entropy terms hardly moved anything. So that the
-# losses do something visible in a few minutes, the runs below use **10 times the paper's aux weight (0.4)**;
-# everything else is the paper's recipe.
+# **Fig. 3 at toy scale, under paper-like conditions.** Whether a collapse shows depends on the conditions the
+# paper names: the imbalance between the modalities, the number of experts, the aux weight and a router that
+# has trained long enough to become confident. Runs that meet them take about 17 minutes each on one CPU core,
+# too long for this notebook, so they were run with `benchmarks/limoe_sweep.py` and recorded in the package
+# (`moe_course/results/limoe.jsonl`); the cells below read them. Each run is one command: 4x4 patches (64
+# image tokens per caption of about 10 real text tokens, 6.5:1), the paper's aux weight 0.04, 8 experts
+# (k = 1, C = 1, BPR, MoE in blocks 1 and 3), 3,000 steps of 128 pairs, peak learning rate 1e-3:
 #
-# Three models train side by side, identical except for their aux losses: **classic** (importance + load over
-# all tokens, Fig. 3's baseline), **+ local** (and local entropy on text) and **paper** (+ global entropy,
-# tau_text = log 2 on text and tau_image = log 4 on images: the five terms).
+# ```
+# python benchmarks/limoe_sweep.py classic|local|paper|dense --patch-size 4 --seed S --out runs.jsonl
+# python benchmarks/limoe_table.py runs.jsonl
+# ```
+#
+# The table gives, over three seeds, zero-shot accuracy on the 1,050 test pairs, retrieval, and per MoE layer
+# on the test pairs the text success rate, the busiest expert's share of text tokens (the paper's collapse is
+# one expert taking nearly all of them) and the experts that take 90% of text; the worst loss spike is the
+# largest single-step loss over the mean of the 50 steps before it (1 = smooth).
 
 # %%
-AUX_WEIGHT = 0.4  # 10x the paper's 0.04, see above
-classic_config = get_preset("limoe", "digits-limoe-classic").replace(aux_loss_weight=AUX_WEIGHT)
-configs = {
-    "classic": classic_config,
-    "+ local": classic_config.replace(name="digits-limoe-local", text_aux_losses=("local_entropy",)),
-    "paper": limoe_config.replace(aux_loss_weight=AUX_WEIGHT),
-}
-CHAPTER_STEPS = 260
-run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=64, learning_rate=1e-3, warmup_steps=60, log_every=25,
+limoe_runs = read_runs(RESULTS / "limoe.jsonl")
+FIG3 = "--patch-size 4"
+display(Markdown(limoe_seed_table(limoe_runs, FIG3)))
+ladder = {"classic": "classic", "local": "+ local entropy on text", "paper": "+ global entropy (5 terms)"}
+fig, axes = plt.subplots(2, 2, figsize=(12, 6.4), sharex=True, layout="constrained")
+for row, (metric, label) in enumerate([("busiest/text", "busiest expert's share of text"),
+                                       ("success/text", "text success rate")]):
+    for layer in (0, 1):
+        ax = axes[row, layer]
+        for color, (kind, name) in zip(("tab:blue", "tab:orange", "tab:green"), ladder.items()):
+            for i, (steps, values) in enumerate(curves_of(limoe_runs, kind, f"{metric}/layer{layer}", FIG3).values()):
+                ax.plot(steps, values, color=color, alpha=0.8, lw=1.2, label=name if i == 0 else None)
+        ax.set_title(f"{label}, MoE layer {layer} (block {limoe_config.moe_blocks()[layer]})", fontsize=10)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[row, 0].set_ylabel(label)
+axes[0, 0].axhline(1 / 8, color="gray", ls=":", label="1/8 (uniform)")
+for ax in axes[1]:
+    ax.set_xlabel("training step (in-batch, mean of every 50 steps)")
+fig.legend(loc="outside lower center", ncol=4, fontsize=9)
+_ = fig.suptitle(f"Fig. 3 at toy scale: 4x4 patches, 8 experts, aux weight 0.04, 3,000 steps of 128 pairs, one line "
+             f"per seed ({len(curves_of(limoe_runs, 'paper', 'loss', FIG3))} seeds)", fontsize=11)
+
+# %% [markdown]
+# **What the recorded runs show** (the table and figure above; three seeds per row):
+# - **Classic losses alone drop text without collapsing it.** Text spreads over 5-7 experts (the busiest takes
+#   at most about half of it), yet it is served worst of the three: about 0.85 in the first MoE layer and 0.75
+#   in the second, down to 0.64 on one seed, where the drop grows over training. The reason is Batch
+#   Prioritized Routing (chapter 3): when a buffer is full, the tokens with the highest routing weight go first,
+#   and text tokens whose router is unsure lose their slots to image tokens. The joint importance and load
+#   losses see a balanced total and do not object.
+# - **The local entropy loss brings the paper's collapse -- and here it costs nothing.** On two of three seeds
+#   one expert ends up with 98-100% of a layer's text: Fig. 3's middle row, "all text tokens going to one
+#   expert". But text success is the best of the three, 0.96-0.99 on every seed and layer: confident text
+#   tokens win their slots under BPR, and at 4x4 patches with 8 experts one buffer holds 80 tokens per group,
+#   about all of a group's text (the arithmetic above). In the paper's B/16 one buffer holds about 40% of the
+#   text, so the same collapse drops most of it.
+# - **The global entropy loss (the five terms) prevents the collapse**: no seed puts more than 0.64 of a
+#   layer's text on one expert, and text is served almost as well as with the local loss alone (0.90-0.95).
+#   tau_text = log 2 asks for only about 2 experts, and the worst seed keeps about that many.
+# - **Zero-shot accuracy hardly separates the three.** Seed to seed it varies by 8-9 points, far more than
+#   between the loss settings on one seed -- where, though, the classic losses came first on every seed, by
+#   0.6-1.8 points. At 8 experts, where a collapse is harmless, the entropy losses buy nothing measurable; the
+#   paper's gains come where dropped text costs accuracy.
+
+# %%
+def seed_values(kind, metric):
+    """{seed: value} of one test metric (``test_zero_shot``, ``busiest/text/layer0``, ...) in the Fig. 3 runs."""
+    return {run["seed"]: flattened(run)[metric] for run in limoe_runs
+            if run["kind"] == kind and run["variant"] == FIG3}
+
+
+busiest = {kind: {seed: max(seed_values(kind, f"busiest/text/layer{layer}")[seed] for layer in (0, 1))
+                  for seed in seed_values(kind, "test_zero_shot")} for kind in ladder}
+text_success = {kind: [v for layer in (0, 1) for v in seed_values(kind, f"success/text/layer{layer}").values()]
+                for kind in ladder}
+print("busiest expert's share of text, worse layer, per seed:", busiest)
+assert sum(share > 0.95 for share in busiest["local"].values()) >= 2, busiest  # the collapse, on most seeds
+assert max(busiest["classic"].values()) < 0.7 and max(busiest["paper"].values()) < 0.7, busiest
+assert min(text_success["local"]) > 0.95 and min(text_success["paper"]) > 0.85, text_success  # served anyway
+assert np.mean(text_success["classic"]) < np.mean(text_success["local"]) - 0.1, text_success
+zero_shot = {kind: seed_values(kind, "test_zero_shot") for kind in ladder}
+assert all(zero_shot["classic"][seed] >= max(zero_shot["local"][seed], zero_shot["paper"][seed])
+           for seed in zero_shot["classic"]), zero_shot
+
+# %% [markdown]
+# With the paper's 32 experts one buffer holds 20 slots per group, a quarter of the group's text, so a
+# collapse would cost text. The runs recorded so far at 32 experts (same conditions; `--experts 32`; one seed
+# each, so observations rather than results; the paper's thresholds log 9 and log 20 in section 4):
+
+# %%
+display(Markdown(limoe_seed_table(limoe_runs, FIG3 + " --experts 32")))
+
+# %% [markdown]
+# **One LIMoE trained here.** The rest of the chapter looks inside a model trained in this notebook: the
+# `digits-limoe` preset as the command line has it (8x8 patches, 8 experts in blocks 1 and 3, the paper's five
+# aux terms at weight 0.04), for 1,200 steps of 128 pairs at a peak learning rate of 2e-3 -- about two minutes on
+# two cores, 40% of the recipe's 3,000 steps at 1e-3, enough for zero-shot accuracy well above chance, not for
+# the recipe's. The training loop logs, for every MoE layer and modality, the success rate:
+# the fraction of that modality's real tokens that reached their expert.
+
+# %%
+CHAPTER_STEPS = 1200
+run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=128, learning_rate=2e-3, warmup_steps=100, log_every=50,
                          checkpoint_every=CHAPTER_STEPS, eval_batch_size=512)
-results = train_side_by_side({"chapter04-" + c.name: c for c in configs.values()}, pairs, run_config,
-                             workdir=WORKDIR, progress=False)
-models = dict(zip(configs, (result.model for result in results.values())))
-histories = dict(zip(configs, (result.history for result in results.values())))
-loaded = [name for name, result in zip(configs, results.values()) if result.resumed_from == CHAPTER_STEPS]
-print(f"{len(models) - len(loaded)} models trained for {CHAPTER_STEPS} steps of {run_config.batch_size} pairs"
-      + (f"; loaded from the checkpoints under {WORKDIR!r}: {', '.join(loaded)}" if loaded else ""))
+trained = train(limoe_config, pairs, run_config, workdir=os.path.join(WORKDIR, "chapter04-limoe"), progress=False)
+model, history = trained.model, trained.history
+print("LIMoE " + ("loaded from its checkpoint" if trained.resumed_from == CHAPTER_STEPS
+                  else f"trained for {CHAPTER_STEPS} steps in {trained.seconds:.0f} s"))
+fig, ax = plt.subplots(figsize=(7, 3.2))
+for key, style in [("success/image/layer0", "C0-"), ("success/image/layer1", "C0--"), ("success/text/layer0", "C1-"),
+                   ("success/text/layer1", "C1--")]:
+    ax.plot([r["step"] for r in history], [r[key] for r in history], style, label=key.removeprefix("success/"))
+ax.set_ylim(0, 1.02)
+ax.set_xlabel("training step")
+ax.set_ylabel("success rate (in-batch)")
+ax.set_title(f"digits-limoe trained here: success rate per modality and MoE layer", fontsize=10)
+ax.legend(fontsize=8, loc="lower right", ncol=2)
+ax.grid(alpha=0.3)
 
 # %% [markdown]
-# The training loop logs, for every MoE layer (blocks 1 and 3) and modality, the success rate -- the fraction
-# of that modality's real tokens that reached their expert. Here they are over training, layer by layer.
-
-# %%
-fig, axes = plt.subplots(1, 4, figsize=(14, 3), sharey=True)
-for col, (modality, layer) in enumerate([(m, l) for m in ("image", "text") for l in (0, 1)]):
-    ax = axes[col]
-    for name, history in histories.items():
-        ax.plot([r["step"] for r in history], [r[f"success/{modality}/layer{layer}"] for r in history], label=name)
-    ax.set_title(f"{modality}, MoE layer {layer} (block {limoe_config.moe_blocks()[layer]})", fontsize=9)
-    ax.set_xlabel("training step")
-axes[0].set_ylabel("success rate (fraction routed)")
-axes[-1].legend(fontsize=7)
-plt.tight_layout()
-
-# %%
-def late_mean(history, key, last=4):
-    """Mean of a logged metric over the last ``last`` records (the end of training)."""
-    return float(np.mean([r[key] for r in history[-last:]]))
-
-
-late = {name: {f"{m}/{l}": late_mean(h, f"success/{m}/layer{l}") for m in ("image", "text") for l in (0, 1)}
-        for name, h in histories.items()}
-test_success = dict(zip(models, side_by_side(lambda m: measure_success_rates(m, pairs, "test", batch_size=512),
-                                            models.values())))
-for name in configs:
-    print(f"{name:24s} training (last 100 steps): " + "  ".join(f"{k} {v:.3f}" for k, v in late[name].items()))
-    print(f"{'':24s} test:                        " + "  ".join(
-        f"{m}/{l} {test_success[name][f'success/{m}/layer{l}']:.3f}" for m in ("image", "text") for l in (0, 1)))
-
-# %% [markdown]
-# Two things to measure on the test pairs, per model and MoE layer: how confident the router is about text
-# tokens (the mean top-1 routing weight of a text token; 1/8 would be uniform over the 8 experts) and which
-# experts text uses (the share of text tokens whose first choice is each expert, and the number of experts
-# needed to cover 90% of them -- App. B.2's proxy for "text experts").
+# Two things to measure on the test pairs, per MoE layer: how confident the router is about text tokens (the
+# mean top-1 routing weight of a text token; 1/8 would be uniform over the 8 experts) and which experts text
+# uses (the share of text tokens whose first choice is each expert, and the number of experts needed to cover
+# 90% of them -- App. B.2's proxy for "text experts").
 
 # %%
 test_batch = pairs.get("test", np.arange(512))
@@ -290,56 +356,32 @@ def routing_of(model, images, text, mask):
     return out.routing, out.modality
 
 
-confidence, text_experts, shares = {}, {}, {}
-for name, model in models.items():
-    records, modality = routing_of(model, test_batch["image"], test_batch["text"], test_batch["text_mask"])
-    is_text = np.asarray(modality).reshape(-1) == 1
-    confidence[name] = [float(np.asarray(r.gates[..., 0]).reshape(-1)[is_text].mean()) for r in records]
-    text_experts[name] = [experts_used(r, modality, 1) for r in records]
-    shares[name] = np.asarray(expert_shares(records[0], modality, 1))
-    print(f"{name:8s} text top-1 weight per layer {np.round(confidence[name], 3).tolist()}, "
-          f"experts for 90% of text {text_experts[name]}")
-fig, axes = plt.subplots(1, 3, figsize=(11, 2.5), sharey=True)
-for ax, (name, share) in zip(axes, shares.items()):
+records, modality = routing_of(model, test_batch["image"], test_batch["text"], test_batch["text_mask"])
+is_text = np.asarray(modality).reshape(-1) == 1
+confidence = [float(np.asarray(r.gates[..., 0]).reshape(-1)[is_text].mean()) for r in records]
+text_experts = [experts_used(r, modality, 1) for r in records]
+shares = [np.asarray(expert_shares(r, modality, 1)) for r in records]
+test_success = measure_success_rates(model, pairs, "test", batch_size=512)
+print("test success rates: " + "  ".join(f"{k.removeprefix('success/')} {v:.3f}" for k, v in test_success.items()))
+print(f"text top-1 weight per layer {np.round(confidence, 3).tolist()}, experts for 90% of text {text_experts}")
+fig, axes = plt.subplots(1, 2, figsize=(9, 2.6), sharey=True, layout="constrained")
+for layer, (ax, share) in enumerate(zip(axes, shares)):
     ax.bar(np.arange(len(share)), share, color="tab:orange")
-    ax.set_title(f"{name}: text top-1 weight {confidence[name][0]:.2f}", fontsize=8)
-    ax.set_xlabel("expert (MoE layer 0)")
+    ax.axhline(1 / len(share), color="gray", ls=":", label="1/8 (uniform)")
+    ax.set_title(f"MoE layer {layer}: text's first choices ({text_experts[layer]} experts take 90%)", fontsize=9)
+    ax.set_xlabel("expert")
 axes[0].set_ylabel("share of text tokens")
-plt.tight_layout()
+_ = axes[0].legend(fontsize=8)
 
 # %% [markdown]
-# **What we measured** (the printed numbers; one seed, 260 steps, aux weight 0.4). The first two rows of the
-# paper's Fig. 3 show at toy scale. With the classic losses alone, text spreads over 5-6 experts per layer
-# and more than 90% of it is served in both layers. The local entropy loss does what it says -- text routing
-# becomes confident, the mean top-1 weight of a text token rising from about 0.37 and 0.26 (classic) to 0.85
-# and 0.93 when we wrote this -- and in doing so crowds text onto fewer experts (90% of it on 3 and 2 experts
-# instead of 5 and 6). The joint importance and load losses do not object: images still balance the total.
-# Text now overflows its experts: its success rate falls, to about 0.74 in the second MoE layer. That is the
-# middle row of Fig. 3 (a partial collapse: two or three experts, not the paper's one). The paper's third row
-# -- the global loss restoring text -- does not show here: with tau_text = log 2 it asks for only about 2
-# experts, text already uses about 3, so the thresholded loss switches on in a few routing groups but stays
-# tiny (printed below; the local loss is about 0.5) and the paper model serves text like the + local model.
-# The capacity arithmetic above says why log 2 is too low for our buffers: 80 text tokens, 32 slots per
-# expert, shared with images.
-#
-# Two checks we ran outside this notebook, with the same code and schedule (when we wrote this; the training
-# rows' numbers, as printed above): a second seed gave the same picture -- text success 0.978 / 0.949 with
-# classic losses, 0.791 / 0.796 with the local loss -- and a threshold that asks for enough experts brings
-# the third row of Fig. 3: the paper model with tau_text = log 4 served 0.896 / 0.875 of its text, with
-# log 6 0.938 / 0.906 (its text global loss reaching 0.06 and 0.11), against 0.884 / 0.738 for + local on
-# the same seed, for slightly less image success (0.90-0.92 in those runs, 0.92-0.95 here).
+# **What we measured** (the printed numbers). At 8x8 patches text is not a minority (16 image tokens beside
+# about 10 text tokens) and one expert's buffer holds 40% of a group's text, so nothing here looks like a
+# collapse: text spreads over 5-6 experts, more than 90% of it is served in both layers, and after 1,200 steps
+# the routers are only half confident about text (mean top-1 weight about 0.5-0.6; 1/8 would be uniform).
 
 # %%
-assert all(confidence["+ local"][layer] > confidence["classic"][layer] + 0.05 for layer in (0, 1)), confidence
-assert all(late["classic"][f"text/{layer}"] > 0.9 for layer in (0, 1)), late
-assert all(text_experts["+ local"][layer] < text_experts["classic"][layer] for layer in (0, 1)), text_experts
-assert any(late["+ local"][f"text/{layer}"] < late["classic"][f"text/{layer}"] - 0.1 for layer in (0, 1)), late
-text_global = [r["aux/text/global_entropy"] for r in histories["paper"]]
-text_local = [r["aux/text/local_entropy"] for r in histories["paper"]]
-print(f"paper model over training: thresholded text global entropy loss max {max(text_global):.4f}, "
-      f"text local entropy loss at the end {text_local[-1]:.3f}")
-assert max(text_global) < 0.1 * math.log(2)  # the text marginal never fell far below the threshold
-assert all(abs(late["paper"][f"text/{layer}"] - late["+ local"][f"text/{layer}"]) < 0.05 for layer in (0, 1)), late
+assert all(test_success[f"success/text/layer{layer}"] > 0.85 for layer in (0, 1)), test_success
+assert all(n >= 3 for n in text_experts) and all(1 / 8 + 0.1 < c < 0.9 for c in confidence), (text_experts, confidence)
 
 # %% [markdown]
 # ## 4. The threshold as a soft minimum (Figs. 9-10)
@@ -383,17 +425,41 @@ slider.observe(lambda change: handle.update(threshold_figure(change["new"])), na
 
 # %% [markdown]
 # In the paper (Figs. 9-10) the threshold behaves exactly like that: as tau_text grows, the models use more
-# text experts and fewer image experts. In our runs above, tau_text = log 2 sits below what text already
-# uses (about 3 experts after the local loss, 5-6 without it), so the loss hardly acts; at log 4 and log 6
-# it acted and text was served again (section 3). Below, the entropy of each model's text first-choice
-# shares (MoE layer 0) -- a direct reading of how spread out text routing is -- against the thresholds.
+# text experts (about e^tau of them, by App. B.2's 90% count) and fewer image experts. The recorded runs with
+# the paper's 32 experts and 4x4 patches, by the text threshold's soft minimum S = e^tau_text (tau_image =
+# log 20, the paper's B/16 value; `limoe_sweep.py paper --patch-size 4 --experts 32 --text-soft-min S
+# --image-soft-min 20 --seed N`):
 
 # %%
-for name, share in shares.items():
+def soft_minimum(run):
+    """The text threshold of a run as the paper's soft minimum S = e^tau (1 when the loss is off)."""
+    return round(math.exp(run["config"]["text_tau"]), 1)
+
+
+tau_runs = sorted((run for run in limoe_runs if run["kind"] == "paper" and run["config"]["num_experts"] == 32
+                   and run["config"]["patch_size"] == 4), key=lambda run: (soft_minimum(run), run["seed"]))
+for run in tau_runs:
+    routed = run["routing"]
+    print(f"S = e^tau_text = {soft_minimum(run):4.1f}  seed {run['seed']}: experts for 90% of text "
+          f"{routed['experts90/text/layer0']} / {routed['experts90/text/layer1']}, of images "
+          f"{routed['experts90/image/layer0']} / {routed['experts90/image/layer1']} (layer 0 / 1); text success "
+          f"{routed['success/text/layer0']:.3f} / {routed['success/text/layer1']:.3f}; zero-shot "
+          f"{run['test_zero_shot']:.3f}")
+for layer, share in enumerate(shares):  # the model trained here: 8 experts, tau_text = log 2
     h = float(-(share[share > 0] * np.log(share[share > 0])).sum())
-    print(f"{name:8s} entropy of text first choices {h:.3f} nats = log {math.exp(h):.1f}  "
+    print(f"trained here, MoE layer {layer}: entropy of text first choices {h:.3f} nats = log {math.exp(h):.1f} "
           f"(tau_text = log 2 = {math.log(2):.3f}; uniform over 8 = log 8 = {math.log(8):.3f})")
-    assert h > math.log(2)
+text_global = [r["aux/text/global_entropy"] for r in history]
+text_local = history[-1]["aux/text/local_entropy"]
+print(f"trained here: thresholded text global entropy loss (mean of every 50 steps) at most {max(text_global):.4f}, "
+      f"at the end {text_global[-1]:.4f}; local entropy loss on text at the end {text_local:.3f}")
+
+# %% [markdown]
+# At the paper's S = 9 the run put 90% of its text on 11 and 7 experts -- about e^tau, as in the paper's Fig.
+# 10 -- with 90% of its images on 27 and 26 of the 32 (one seed so far). The model trained here, with 8
+# experts and tau_text = log 2, spreads its text's first choices with an entropy of about log 6 in both
+# layers, far above its threshold, so its text global loss is almost always zero (printed above), and the
+# spreading comes from the classic losses and from a router that is still far from confident.
 
 # %% [markdown]
 # ## 5. Zero-shot classification and retrieval
@@ -402,52 +468,62 @@ for name, share in shares.items():
 # any one image, average them per class (CLIP's prompt ensembling), embed the image, and pick the class whose
 # averaged prompt embedding is most similar. Our prompts are four plain ones ("a seven", "the digit seven",
 # ...) and every caption template filled with every size word and position phrase ("a small seven in the top
-# left", ...): 166 per class, so the class embedding covers every size and place the captions talk about. Retrieval asks, for each test image, whether its own caption
-# is the most similar of all 1,050 test captions (recall@1) or among the top 5, and the same from text to
-# image. Images and texts are embedded separately here (each batch holds one modality), as at test time in
-# the paper.
+# left", ...): 166 per class, so the class embedding covers every size and place the captions talk about.
+# Retrieval asks, for each test image, whether its own caption is the most similar of all 1,050 test captions
+# (recall@1) or among the top 5, and the same from text to image. Images and texts are embedded separately
+# here (each batch holds one modality), as at test time in the paper.
 
 # %%
-scores = dict(zip(models, side_by_side(lambda m: evaluate_contrastive(m, pairs, "test", batch_size=512),
-                                       models.values())))
-for name, s in scores.items():
-    print(f"{name:24s} zero-shot {s['zero_shot_accuracy']:.3f}  image->text R@1 {s['i2t_recall@1']:.3f} "
-          f"R@5 {s['i2t_recall@5']:.3f}  text->image R@1 {s['t2i_recall@1']:.3f} R@5 {s['t2i_recall@5']:.3f}")
+score = evaluate_contrastive(model, pairs, "test", batch_size=512)
+print(f"LIMoE trained here: zero-shot {score['zero_shot_accuracy']:.3f} (chance 0.100)  image->text R@1 "
+      f"{score['i2t_recall@1']:.3f} R@5 {score['i2t_recall@5']:.3f}  text->image R@1 {score['t2i_recall@1']:.3f} "
+      f"R@5 {score['t2i_recall@5']:.3f} (chance 0.001 / 0.005)")
+assert score["zero_shot_accuracy"] > 0.25 and score["t2i_recall@5"] > 0.2, score
 
 # %% [markdown]
-# **Honest numbers.** After a few hundred steps the models have learned something -- retrieval recall@5 is
-# far above chance (5 of 1,050 = 0.005) -- but zero-shot accuracy is barely above chance (0.1), and the three
-# aux-loss settings are within noise of each other. Contrastive learning needs many more steps than
-# classification: the command-line recipe `moe-course train limoe --preset digits-limoe` trains the paper
-# model for 3,000 steps of 128 pairs, and that run reaches the zero-shot accuracy reported in docs/results.md. Load
-# such a run here with `moe_course.train.restore.load_run(workdir).model` to look at a better model.
+# After 1,200 steps the model classifies about half the test images from prompts alone (0.48 when we wrote
+# this; chance is 0.1) and finds an image's own caption among the top 5 of 1,050 about half the time. It is
+# still learning: the recipe's 3,000 steps of 128 pairs reach 0.8-0.9 zero-shot (the recorded runs below).
+#
+# Retrieval among 1,050 captions is hard for a reason beyond the model: many captions say the same thing
+# ("a large seven in the top left" fits every large seven in that corner), so the own caption competes with
+# near-copies. Below, four test captions of different classes and the four test images the model finds most
+# similar to each (green: the caption's own image), with the rank of the own image among all 1,050 and how
+# many of the four show the caption's digit.
 
 # %%
-for name, s in scores.items():
-    assert s["i2t_recall@5"] > 0.05 and s["t2i_recall@5"] > 0.05, (name, s)
-
-# %% [markdown]
-# Three test captions and the four test images the paper model finds most similar to each (green: the
-# caption's own image).
-
-# %%
-model = models["paper"]
 test_all = pairs.get("test", np.arange(pairs.split_size("test")))
 image_emb = embed_images(model, test_all["image"], batch_size=512)
 text_emb = embed_texts(model, test_all["text"], test_all["text_mask"], batch_size=512)
-queries = [3, 400, 800]
-fig, axes = plt.subplots(len(queries), 4, figsize=(7, 5.4))
+queries = [np.flatnonzero(test_all["label"] == c)[3] for c in (1, 4, 6, 8)]
+fig, axes = plt.subplots(len(queries), 5, figsize=(8.5, 7.2), gridspec_kw=dict(width_ratios=[1.6, 1, 1, 1, 1]))
 for row, q in zip(axes, queries):
-    best = np.argsort(-(image_emb @ text_emb[q]))[:4]
-    for ax, index in zip(row, best):
+    order = np.argsort(-(image_emb @ text_emb[q]))
+    rank = int(np.flatnonzero(order == q)[0]) + 1
+    same_digit = int((test_all["label"][order[:4]] == test_all["label"][q]).sum())
+    row[0].axis("off")
+    label = textwrap.fill(str(test_all["caption"][q]), 24) + f"\n\nown image: rank {rank}\nright digit: {same_digit}/4"
+    row[0].text(1.0, 0.5, label, ha="right", va="center", fontsize=8, transform=row[0].transAxes)
+    for ax, index in zip(row[1:], order[:4]):
         ax.imshow(test_all["image"][index][..., 0], cmap="gray")
         ax.set_xticks([]), ax.set_yticks([])
         for spine in ax.spines.values():
             spine.set_color("tab:green" if index == q else "lightgray"), spine.set_linewidth(3)
-    row[0].set_ylabel(test_all["caption"][q].replace(" in the", "\nin the").replace(" at the", "\nat the"),
-                      fontsize=7, rotation=0, ha="right", va="center")
-fig.suptitle("text -> image retrieval, top 4 (paper model)", fontsize=10)
+fig.suptitle("text -> image retrieval: four captions, the four most similar test images", fontsize=10)
 plt.tight_layout()
+top4 = np.argsort(-(text_emb @ image_emb.T), axis=1)[:, :4]
+precision = float((test_all["label"][top4] == test_all["label"][:, None]).mean())
+print(f"over all 1,050 test captions, {precision:.1%} of the four images retrieved show the caption's digit")
+
+# %% [markdown]
+# **LIMoE against the dense one-tower model of equal FLOPs** (the paper: +7-13% zero-shot at B/16 and L/16,
+# Table 2). The recorded runs of section 3's conditions, three seeds each, with the dense model of the same
+# width and depth (`limoe_sweep.py dense --patch-size 4 --seed S`):
+
+# %%
+fig3 = {kind: spread for kind, spread in seed_spread(limoe_runs, "test_zero_shot", FIG3).items()}
+for kind, spread in fig3.items():
+    print(f"{kind:8s} zero-shot {spread}")
 
 # %% [markdown]
 # ## 6. Pruning the experts text does not use (App. E.4)
@@ -468,7 +544,7 @@ classes, templates, seq_len = prompt_ids.shape
 
 
 def zero_shot_with(keep_counts, mode):
-    """Zero-shot accuracy of the paper model with only the ``keep`` most text-used experts of each layer."""
+    """Zero-shot accuracy of the model trained here with only the ``keep`` most text-used experts of each layer."""
     keep = [np.isin(np.arange(len(s)), np.argsort(-s)[:n]) for s, n in zip(text_shares, keep_counts)]
     with pruned_experts(model, keep, mode=mode):
         prompts = embed_texts(model, prompt_ids.reshape(-1, seq_len), prompt_mask.reshape(-1, seq_len),
@@ -483,10 +559,10 @@ fig, ax = plt.subplots(figsize=(5, 3))
 for mode, accuracies in pruning.items():
     ax.plot(kept, accuracies, "o-", label=mode)
 ax.axhline(1 / classes, color="gray", linestyle=":", label=f"chance (1/{classes})")
-ax.set_ylim(0, max(0.3, 1.3 * max(max(a) for a in pruning.values())))  # from 0: the gaps at their true size
+ax.set_ylim(0, 1)  # the whole range: the gaps at their true size
 ax.set_xlabel("experts kept per MoE layer for text (most used first)")
 ax.set_ylabel("zero-shot test accuracy")
-ax.set_title(f"Pruning text experts, paper model ({len(test_all['label']):,} test images)", fontsize=9)
+ax.set_title(f"Pruning text experts, LIMoE trained here ({len(test_all['label']):,} test images)", fontsize=9)
 ax.invert_xaxis()
 ax.legend(fontsize=8, loc="lower left")
 for mode, accuracies in pruning.items():
@@ -496,11 +572,13 @@ for mode, accuracies in pruning.items():
 # Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates).
 # With fewer experts the two modes differ only in the gates: router_drop renormalises them over the kept
 # experts, router_pred keeps the trained scale. The paper finds router_pred the better one when many experts
-# go; at our scale the printed accuracies are what we measured, and with zero-shot accuracy this close to
-# chance (0.1) after a few hundred steps, the differences between them say little.
+# go. Here, with one expert kept per layer for text, router_pred lost almost nothing (0.482 -> 0.480 when we
+# wrote this) and router_drop about 1.6 points (-> 0.466, 17 of 1,050 images): the paper's direction, on one
+# model and one seed, so a small difference, not a result.
 
 # %%
-assert pruning["router_drop"][0] == pruning["router_pred"][0] == scores["paper"]["zero_shot_accuracy"], pruning
+assert pruning["router_drop"][0] == pruning["router_pred"][0] == score["zero_shot_accuracy"], pruning
+assert pruning["router_pred"][-1] > pruning["router_drop"][-1], pruning
 
 # %% [markdown]
 # ## 7. Full scale

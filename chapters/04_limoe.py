@@ -244,14 +244,15 @@ limoe_runs = read_runs(RESULTS / "limoe.jsonl")
 FIG3 = "--patch-size 4"
 display(Markdown(limoe_seed_table(limoe_runs, FIG3)))
 ladder = {"classic": "classic", "local": "+ local entropy on text", "paper": "+ global entropy (5 terms)"}
-fig, axes = plt.subplots(2, 2, figsize=(12, 6.4), sharex=True, layout="constrained")
+fig, axes = plt.subplots(2, 2, figsize=(10, 5.8), sharex=True, layout="constrained")
 for row, (metric, label) in enumerate([("busiest/text", "busiest expert's share of text"),
                                        ("success/text", "text success rate")]):
     for layer in (0, 1):
         ax = axes[row, layer]
         for color, (kind, name) in zip(("tab:blue", "tab:orange", "tab:green"), ladder.items()):
             for i, (steps, values) in enumerate(curves_of(limoe_runs, kind, f"{metric}/layer{layer}", FIG3).values()):
-                ax.plot(steps, values, color=color, alpha=0.8, lw=1.2, label=name if i == 0 else None)
+                first = i == row == layer == 0  # one legend entry per model
+                ax.plot(steps, values, color=color, alpha=0.8, lw=1.2, label=name if first else None)
         ax.set_title(f"{label}, MoE layer {layer} (block {limoe_config.moe_blocks()[layer]})", fontsize=10)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -261,7 +262,7 @@ for ax in axes[1]:
     ax.set_xlabel("training step (in-batch, mean of every 50 steps)")
 fig.legend(loc="outside lower center", ncol=4, fontsize=9)
 _ = fig.suptitle(f"Fig. 3 at toy scale: 4x4 patches, 8 experts, aux weight 0.04, 3,000 steps of 128 pairs, one line "
-             f"per seed ({len(curves_of(limoe_runs, 'paper', 'loss', FIG3))} seeds)", fontsize=11)
+             f"per seed ({len(curves_of(limoe_runs, 'paper', 'loss', FIG3))} seeds)", fontsize=10)
 
 # %% [markdown]
 # **What the recorded runs show** (the table and figure above; three seeds per row):
@@ -513,7 +514,7 @@ fig.suptitle("text -> image retrieval: four captions, the four most similar test
 plt.tight_layout()
 top4 = np.argsort(-(text_emb @ image_emb.T), axis=1)[:, :4]
 precision = float((test_all["label"][top4] == test_all["label"][:, None]).mean())
-print(f"over all 1,050 test captions, {precision:.1%} of the four images retrieved show the caption's digit")
+print(f"right digit among the top 4, over all 1,050 test captions: {precision:.1%}")
 
 # %% [markdown]
 # **LIMoE against the dense one-tower model of equal FLOPs** (the paper: +7-13% zero-shot at B/16 and L/16,

@@ -34,6 +34,7 @@ exclude_patterns = ["_build", "_ext", "conf.py", "**/.ipynb_checkpoints", "**/ju
 source_suffix = {".md": "myst-nb", ".rst": "restructuredtext"}
 nb_custom_formats = {".py": ["jupytext.reads", {"fmt": "py:percent"}]}
 myst_enable_extensions = ["dollarmath", "colon_fence"]
+nb_render_markdown_format = "myst"  # markdown outputs (the chapters' seed tables) get tables, as the pages do
 myst_heading_anchors = 3
 
 # Execution: jupyter-cache keyed on each chapter's code, so a rebuild runs only the chapters that changed.

@@ -287,22 +287,19 @@ _ = fig.suptitle(f"Fig. 3 at toy scale: 4x4 patches, 8 experts, aux weight 0.04,
 #   paper's gains come where dropped text costs accuracy.
 
 # %%
-def seed_values(kind, metric):
-    """{seed: value} of one test metric (``test_zero_shot``, ``busiest/text/layer0``, ...) in the Fig. 3 runs."""
-    return {run["seed"]: flattened(run)[metric] for run in limoe_runs
-            if run["kind"] == kind and run["variant"] == FIG3}
-
-
-busiest = {kind: {seed: max(seed_values(kind, f"busiest/text/layer{layer}")[seed] for layer in (0, 1))
-                  for seed in seed_values(kind, "test_zero_shot")} for kind in ladder}
-text_success = {kind: [v for layer in (0, 1) for v in seed_values(kind, f"success/text/layer{layer}").values()]
+runs_of = {}  # {variant: {kind: {seed: run, with its test routing numbers at the top level}}}
+for run in limoe_runs:
+    runs_of.setdefault(run["variant"], {}).setdefault(run["kind"], {})[run["seed"]] = flattened(run)
+busiest = {kind: {seed: max(run[f"busiest/text/layer{layer}"] for layer in (0, 1))
+                  for seed, run in runs_of[FIG3][kind].items()} for kind in ladder}
+text_success = {kind: [run[f"success/text/layer{layer}"] for run in runs_of[FIG3][kind].values() for layer in (0, 1)]
                 for kind in ladder}
 print("busiest expert's share of text, worse layer, per seed:", busiest)
 assert sum(share > 0.95 for share in busiest["local"].values()) >= 2, busiest  # the collapse, on most seeds
 assert max(busiest["classic"].values()) < 0.7 and max(busiest["paper"].values()) < 0.7, busiest
 assert min(text_success["local"]) > 0.95 and min(text_success["paper"]) > 0.85, text_success  # served anyway
 assert np.mean(text_success["classic"]) < np.mean(text_success["local"]) - 0.1, text_success
-zero_shot = {kind: seed_values(kind, "test_zero_shot") for kind in ladder}
+zero_shot = {kind: {seed: run["test_zero_shot"] for seed, run in runs_of[FIG3][kind].items()} for kind in ladder}
 assert all(zero_shot["classic"][seed] >= max(zero_shot["local"][seed], zero_shot["paper"][seed])
            for seed in zero_shot["classic"]), zero_shot
 
@@ -323,8 +320,7 @@ display(Markdown(limoe_seed_table(limoe_runs, FIG3 + " --experts 32")))
 # %%
 display(Markdown(limoe_seed_table(limoe_runs, "")))
 fig3, fig5 = (seed_spread(limoe_runs, "test_zero_shot", variant) for variant in (FIG3, ""))
-balanced = {kind: {run["seed"]: run for run in limoe_runs if run["kind"] == kind and run["variant"] == ""}
-            for kind in (*ladder, "dense")}
+balanced = runs_of[""]
 print("the five terms minus classic, zero-shot per seed: " + ", ".join(
     f"{balanced['paper'][seed]['test_zero_shot'] - run['test_zero_shot']:+.3f}"
     for seed, run in sorted(balanced["classic"].items())))
@@ -340,7 +336,7 @@ print("the five terms minus classic, zero-shot per seed: " + ", ".join(
 # of equal FLOPs reaches 0.868 ± 0.015 here (section 5).
 
 # %%
-assert max(run["routing"][f"busiest/text/layer{layer}"] for kind in ladder for run in balanced[kind].values()
+assert max(run[f"busiest/text/layer{layer}"] for kind in ladder for run in balanced[kind].values()
            for layer in (0, 1)) < 0.55, balanced
 assert abs(fig5["paper"].mean - fig5["classic"].mean) < max(fig5["paper"].std, fig5["classic"].std), fig5
 assert fig3["paper"].mean < fig5["paper"].mean, (fig3, fig5)  # 4x4 patches: more FLOPs, no better
@@ -557,8 +553,6 @@ print(f"right digit among the top 4, over all 1,050 test captions: {precision:.1
 
 # %%
 names = {**ladder, "dense": "dense one tower"}
-runs_of = {variant: {kind: {run["seed"]: run for run in limoe_runs if run["kind"] == kind
-                            and run["variant"] == variant} for kind in names} for variant in (FIG3, "")}
 for variant, label in ((FIG3, "4x4 patches"), ("", "8x8 patches")):
     spreads = seed_spread(limoe_runs, "test_zero_shot", variant)
     print(f"{label}:")

@@ -2,7 +2,8 @@
 
 Reads the runs ``limoe_sweep.py --out FILE`` recorded (default: moe_course/results/limoe.jsonl, the runs behind
 the course's tables) and prints one markdown table per configuration ("variant": the options that differ from
-the presets and the recipe), the columns ``moe_course.analysis.limoe_runs.limoe_seed_table`` describes.
+the presets and the recipe), the columns ``moe_course.analysis.limoe_runs.limoe_seed_table`` describes, then the
+Figs. 9-10 sweep of the text threshold (``soft_minimum_table``: 32 experts, 4x4 patches) when the runs hold it.
 
 Usage: python benchmarks/limoe_table.py [FILE ...]
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from moe_course.analysis.limoe_runs import limoe_seed_table
+from moe_course.analysis.limoe_runs import limoe_seed_table, soft_minimum_table
 from moe_course.analysis.sweeps import RESULTS, read_runs
 
 
@@ -23,6 +24,9 @@ def main(argv=None) -> None:
     for variant in sorted({run["variant"] for run in runs}, key=lambda v: (v != "", v)):
         print(f"\n{variant or 'the recipes (digits-limoe presets)'}:\n")
         print(limoe_seed_table(runs, variant))
+    if any(run.get("options", {}).get("text_soft_min") is not None for run in runs):
+        print("\nthe text threshold's soft minimum S = e^tau_text (32 experts, 4x4 patches):\n")
+        print(soft_minimum_table(runs))
 
 
 if __name__ == "__main__":

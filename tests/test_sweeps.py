@@ -102,6 +102,32 @@ def test_limoe_table_rows_spread_over_seeds_and_the_worst_loss_spike():
         curves_of(runs, "paper", "val_zero_shot", "--patch-size 4")
 
 
+def _tau_run(soft_min, seed, text_shares, experts90):
+    run = _limoe_run("paper", seed, 0.8 + seed / 100, variant=f"--experts 4 --text-soft-min {soft_min}")
+    run["routing"].update({f"shares/text/layer{i}": text_shares for i in (0, 1)})
+    run["routing"].update({f"experts90/{m}/layer{i}": experts90 for m in ("text", "image") for i in (0, 1)})
+    return {**run, "options": {"text_soft_min": soft_min},
+            "config": {"text_tau": math.log(soft_min), "num_experts": 4, "patch_size": 4}}
+
+
+def test_soft_minimum_table_rows_by_threshold_with_effective_experts():
+    from moe_course.analysis.limoe_runs import effective_experts, soft_minimum, soft_minimum_table
+
+    assert effective_experts([0.5, 0.5, 0.0, 0.0]) == pytest.approx(2.0)
+    assert effective_experts([2, 2, 2, 2]) == pytest.approx(4.0)  # shares are normalised
+    with pytest.raises(ValueError, match="no token was routed"):
+        effective_experts([0.0, 0.0])
+    runs = [_tau_run(4, 0, [0.25] * 4, 4), _tau_run(1, 0, [1.0, 0, 0, 0], 1), _tau_run(4, 1, [0.5, 0.5, 0, 0], 2),
+            {**_limoe_run("paper", 0, 0.5), "options": {"text_soft_min": None}}]  # no threshold set: not a row
+    assert soft_minimum(runs[1]) == 1.0
+    rows = [row.split(" | ") for row in soft_minimum_table(runs, experts=4).splitlines()[2:]]
+    assert [row[0] for row in rows] == ["| 1", "| 4"]
+    assert rows[1][1:4] == ["3.0 (4,2) / 3.0 (4,2)", "3.0 / 3.0", "3.0 / 3.0"]
+    assert rows[1][5] == f"0.805 ± {math.sqrt(0.00005):.3f}" and rows[1][6] == "0, 1 |"
+    with pytest.raises(ValueError, match="experts=32"):
+        soft_minimum_table(runs)
+
+
 def test_the_recorded_limoe_runs_read():
     from moe_course.analysis.limoe_runs import limoe_seed_table
 

@@ -10,6 +10,8 @@ layer on the test pairs: ``success/<m>/layer<i>``, ``busiest/...``, ``experts90/
 
 from __future__ import annotations
 
+import math
+
 from moe_course.analysis.sweeps import seed_spread
 
 KIND_NAMES = {"classic": "classic (joint importance + load)", "local": "+ local entropy on text",
@@ -56,6 +58,57 @@ def limoe_seed_table(runs: list[dict], variant: str = "") -> str:
         else:
             cells += ["--", "--", "--"]
         cells += [f"{mean('loss_spike', kind).mean:.2f}", ", ".join(map(str, spread.seeds))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def soft_minimum(run: dict) -> float:
+    """The text threshold of a run as the paper's soft minimum S = e^tau_text (LIMoE App. B.2), rounded to 0.1;
+    S = 1 is tau = 0, where the text global entropy loss is always 0."""
+    return round(math.exp(run["config"]["text_tau"]), 1)
+
+
+def effective_experts(shares: list[float]) -> float:
+    """e^H of a modality's first-choice shares over the experts (normalised to sum 1): the number of experts an
+    even split with the same entropy would use -- the hard counterpart of the soft minimum S = e^tau. ValueError
+    when every share is zero."""
+    total = sum(shares)
+    if total <= 0:
+        raise ValueError(f"shares sum to {total}: no token was routed")
+    return math.exp(-sum(x / total * math.log(x / total) for x in shares if x > 0))
+
+
+def soft_minimum_table(runs: list[dict], experts: int = 32, patch_size: int = 4) -> str:
+    """A markdown table of the Figs. 9-10 sweep: the ``paper`` runs with ``experts`` experts and ``patch_size``
+    patches that set ``--text-soft-min``, one row per soft minimum S = e^tau_text (ascending): per MoE layer the
+    experts taking 90% of text (mean, then each seed's count), the effective number of text experts
+    (``effective_experts``, mean), the experts taking 90% of images (mean), the text success rate (mean),
+    zero-shot accuracy (mean ± std) and the seeds. Raises ValueError when no run matches, or as ``seed_spread``
+    does (a seed recorded twice for one S, a non-finite number)."""
+    swept = [run for run in runs if run["kind"] == "paper" and run["options"].get("text_soft_min") is not None
+             and run["config"]["num_experts"] == experts and run["config"]["patch_size"] == patch_size]
+    if not swept:
+        raise ValueError(f"no paper run with --text-soft-min, experts={experts} and patch_size={patch_size} "
+                         f"among {len(runs)} runs")
+    by_s: dict[float, list[dict]] = {}
+    for run in swept:
+        effective = {f"effective/text/layer{i}": effective_experts(run["routing"][f"shares/text/layer{i}"])
+                     for i in (0, 1)}
+        by_s.setdefault(soft_minimum(run), []).append({**flattened(run), **effective, "variant": ""})
+    lines = ["| S = e^tau_text | experts for 90% of text, layer 0 / 1: mean (per seed) | e^H of text's first "
+             "choices, layer 0 / 1: mean | experts for 90% of images, layer 0 / 1: mean | text success, layer 0 / 1: "
+             "mean | zero-shot: mean ± std | seeds |", "| --- " * 7 + "|"]
+    for s, group in sorted(by_s.items()):
+        spread = lambda metric: seed_spread(group, metric)["paper"]
+        per_seed = lambda metric: ",".join(str(run[metric]) for run in sorted(group, key=lambda r: r["seed"]))
+        zero_shot = spread("test_zero_shot")
+        cells = [f"{s:g}",
+                 " / ".join(f"{spread(f'experts90/text/layer{i}').mean:.1f} ({per_seed(f'experts90/text/layer{i}')})"
+                            for i in (0, 1)),
+                 " / ".join(f"{spread(f'effective/text/layer{i}').mean:.1f}" for i in (0, 1)),
+                 " / ".join(f"{spread(f'experts90/image/layer{i}').mean:.1f}" for i in (0, 1)),
+                 " / ".join(f"{spread(f'success/text/layer{i}').mean:.3f}" for i in (0, 1)),
+                 f"{zero_shot.mean:.3f} ± {zero_shot.std:.3f}", ", ".join(map(str, zero_shot.seeds))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -2,8 +2,8 @@
 
 Reads the runs ``limoe_sweep.py --out FILE`` recorded (default: moe_course/results/limoe.jsonl, the runs behind
 the course's tables) and prints one markdown table per configuration ("variant": the options that differ from
-the presets and the recipe), the columns ``moe_course.analysis.limoe_runs.limoe_seed_table`` describes, then the
-Figs. 9-10 sweep of the text threshold (``soft_minimum_table``: 32 experts, 4x4 patches) when the runs hold it.
+the presets and the recipe), the columns ``moe_course.analysis.limoe_runs.limoe_seed_table`` describes; the runs that
+set ``--text-soft-min`` (the Figs. 9-10 sweep: 32 experts, 4x4 patches) in one ``soft_minimum_table`` instead.
 
 Usage: python benchmarks/limoe_table.py [FILE ...]
 """
@@ -21,10 +21,11 @@ def main(argv=None) -> None:
     p.add_argument("files", nargs="*", default=[str(RESULTS / "limoe.jsonl")])
     args = p.parse_args(argv)
     runs = [run for path in args.files for run in read_runs(path)]
-    for variant in sorted({run["variant"] for run in runs}, key=lambda v: (v != "", v)):
+    swept = lambda run: run.get("options", {}).get("text_soft_min") is not None
+    for variant in sorted({run["variant"] for run in runs if not swept(run)}, key=lambda v: (v != "", v)):
         print(f"\n{variant or 'the recipes (digits-limoe presets)'}:\n")
         print(limoe_seed_table(runs, variant))
-    if any(run.get("options", {}).get("text_soft_min") is not None for run in runs):
+    if any(map(swept, runs)):
         print("\nthe text threshold's soft minimum S = e^tau_text (32 experts, 4x4 patches):\n")
         print(soft_minimum_table(runs))
 

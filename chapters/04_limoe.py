@@ -47,7 +47,8 @@ from IPython.display import Markdown, display
 
 from moe_course.analysis import (embed_images, embed_texts, evaluate_contrastive, experts_used, expert_shares,
                                  flops_per_image, measure_success_rates, zero_shot_predictions, zero_shot_weights)
-from moe_course.analysis.limoe_runs import curves_of, flattened, limoe_seed_table
+from moe_course.analysis.limoe_runs import (curves_of, effective_experts, flattened, limoe_seed_table, soft_minimum,
+                                           soft_minimum_table)
 from moe_course.analysis.sweeps import RESULTS, read_runs, seed_spread
 from moe_course.configs import get_preset
 from moe_course.data import CaptionedDigits
@@ -455,26 +456,45 @@ slider.observe(lambda change: handle.update(threshold_figure(change["new"])), na
 
 # %% [markdown]
 # In the paper (Figs. 9-10) the threshold behaves exactly like that: as tau_text grows, the models use more
-# text experts (about e^tau of them, by App. B.2's 90% count) and fewer image experts. The recorded runs with
-# the paper's 32 experts and 4x4 patches, by the text threshold's soft minimum S = e^tau_text (tau_image =
-# log 20, the paper's B/16 value; `limoe_sweep.py paper --patch-size 4 --experts 32 --text-soft-min S
-# --image-soft-min 20 --seed N`):
+# text experts (about e^tau of them, by App. B.2's 90% count) and fewer image experts. The recorded sweep: the
+# paper's 32 experts and 4x4 patches (6.5 image tokens per text token), tau_image = log 20 (the paper's B/16
+# value), S = e^tau_text from 1 (tau = 0: the text global loss is off) to 16, three seeds each, 3,000 steps of
+# 128 pairs at aux weight 0.04 (`python benchmarks/limoe_sweep.py paper --patch-size 4 --experts 32
+# --text-soft-min S --image-soft-min 20 --seed N`). Beside App. B.2's count, e^H of text's first choices: the
+# number of experts an even split with the same entropy would use.
 
 # %%
-def soft_minimum(run):
-    """The text threshold of a run as the paper's soft minimum S = e^tau (1 when the loss is off)."""
-    return round(math.exp(run["config"]["text_tau"]), 1)
-
-
-tau_runs = sorted((run for run in limoe_runs if run["kind"] == "paper" and run["config"]["num_experts"] == 32
-                   and run["config"]["patch_size"] == 4), key=lambda run: (soft_minimum(run), run["seed"]))
-for run in tau_runs:
-    routed = run["routing"]
-    print(f"S = e^tau_text = {soft_minimum(run):4.1f}  seed {run['seed']}: experts for 90% of text "
-          f"{routed['experts90/text/layer0']} / {routed['experts90/text/layer1']}, of images "
-          f"{routed['experts90/image/layer0']} / {routed['experts90/image/layer1']} (layer 0 / 1); text success "
-          f"{routed['success/text/layer0']:.3f} / {routed['success/text/layer1']:.3f}; zero-shot "
-          f"{run['test_zero_shot']:.3f}")
+display(Markdown(soft_minimum_table(limoe_runs)))
+tau_runs = [run for run in limoe_runs
+            if run["kind"] == "paper" and run["options"].get("text_soft_min") is not None]
+no_global = runs_of[FIG3 + " --experts 32"]["local"]  # {seed: run}: classic + local entropy, no global loss
+soft_minima = sorted({soft_minimum(run) for run in tau_runs})
+first = lambda run, layer: layer == 0 and soft_minimum(run) == soft_minima[0]  # label each seed once
+fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+for layer, ax in enumerate(axes):
+    for run in tau_runs:
+        x = soft_minimum(run) * 1.07 ** (run["seed"] - 1)  # seeds side by side
+        ax.scatter(x, run["routing"][f"experts90/text/layer{layer}"], color=f"C{run['seed']}", s=25,
+                   label=f"seed {run['seed']}: experts for 90% of text" if first(run, layer) else None)
+        ax.scatter(x, effective_experts(run["routing"][f"shares/text/layer{layer}"]), facecolors="none",
+                   edgecolors=f"C{run['seed']}", s=25, marker="s",
+                   label=f"seed {run['seed']}: e^H of first choices" if first(run, layer) else None)
+    line = np.geomspace(soft_minima[0], soft_minima[-1], 50)
+    ax.plot(line, line, "k--", lw=1, label="S experts (the paper's soft minimum)" if layer == 0 else None)
+    for i, run in enumerate(no_global.values()):
+        ax.axhline(run[f"experts90/text/layer{layer}"], color="0.6", ls=":",
+                   label="no global loss (+ local), 90% count" if i == 0 and layer == 0 else None)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(soft_minima, [f"{s:g}" for s in soft_minima])
+    ax.set_xlabel("S = e^tau_text (1: text global loss off)")
+    ax.set_title(f"MoE layer {layer}", fontsize=10)
+axes[0].set_ylabel("text experts (of 32)")
+axes[0].set_ylim(0, 18)
+fig.legend(fontsize=8, loc="lower center", ncol=4)
+fig.suptitle("Text experts against the threshold: 32 experts, 4x4 patches, aux weight 0.04, 3,000 steps of 128 "
+             "pairs, 3 seeds", fontsize=10)
+fig.tight_layout(rect=(0, 0.14, 1, 1))
+plt.show()
 for layer, share in enumerate(shares):  # the model trained here: 8 experts, tau_text = log 2
     h = float(-(share[share > 0] * np.log(share[share > 0])).sum())
     print(f"trained here, MoE layer {layer}: entropy of text first choices {h:.3f} nats = log {math.exp(h):.1f} "
@@ -486,13 +506,7 @@ print(f"trained here: thresholded text global entropy loss (mean of every 50 ste
 assert max(text_global) < 1e-3, text_global  # tau_text = log 2 is below what text uses: the loss never acts
 
 # %% [markdown]
-# The paper's soft minimum does not show in these runs (one seed each): at S = 4, 9 and 16 text used the same
-# 11 and 7-8 experts for 90% of it (and images 25-27 of the 32), so text already spread wider than e^tau at
-# S = 4 and 9, leaving the loss little to do, and at S = 16 the loss did not pull it wider. Without any global loss
-# (the + local model at 32 experts, section 3) text used 6 and 4. The model trained here, with 8
-# experts and tau_text = log 2, spreads its text's first choices with an entropy of about log 6 in both
-# layers, far above its threshold, so its text global loss stayed at zero throughout (printed above), and
-# the spreading comes from the classic losses and from a router that is still far from confident.
+# TAU_CONCLUSION
 
 # %% [markdown]
 # ## 5. Zero-shot classification and retrieval

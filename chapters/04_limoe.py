@@ -470,7 +470,7 @@ tau_runs = [run for run in limoe_runs
 no_global = runs_of[FIG3 + " --experts 32"]["local"]  # {seed: run}: classic + local entropy, no global loss
 soft_minima = sorted({soft_minimum(run) for run in tau_runs})
 first = lambda run, layer: layer == 0 and soft_minimum(run) == soft_minima[0]  # label each seed once
-fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=(10, 4.6), sharey=True)
 for layer, ax in enumerate(axes):
     for run in tau_runs:
         x = soft_minimum(run) * 1.07 ** (run["seed"] - 1)  # seeds side by side
@@ -490,10 +490,10 @@ for layer, ax in enumerate(axes):
     ax.set_title(f"MoE layer {layer}", fontsize=10)
 axes[0].set_ylabel("text experts (of 32)")
 axes[0].set_ylim(0, 18)
-fig.legend(fontsize=8, loc="lower center", ncol=4)
+fig.legend(fontsize=9, loc="lower center", ncol=3)
 fig.suptitle("Text experts against the threshold: 32 experts, 4x4 patches, aux weight 0.04, 3,000 steps of 128 "
-             "pairs, 3 seeds", fontsize=10)
-fig.tight_layout(rect=(0, 0.14, 1, 1))
+             "pairs, 3 seeds", fontsize=11)
+fig.tight_layout(rect=(0, 0.17, 1, 1))
 plt.show()
 for layer, share in enumerate(shares):  # the model trained here: 8 experts, tau_text = log 2
     h = float(-(share[share > 0] * np.log(share[share > 0])).sum())

@@ -17,7 +17,7 @@ import pytest
 
 CHAPTERS = sorted((Path(__file__).resolve().parents[1] / "chapters").glob("[0-9][0-9]_*.py"))
 # Figures (image outputs) each chapter draws when executed; the slider figure of chapter 3 counts once.
-FIGURES = {"01_vit": 5, "02_moe_layer": 1, "03_vmoe_bpr": 4, "04_limoe": 7, "05_soft_moe": 3, "06_mod": 5,
+FIGURES = {"01_vit": 5, "02_moe_layer": 1, "03_vmoe_bpr": 4, "04_limoe": 8, "05_soft_moe": 3, "06_mod": 5,
            "07_scale": 4}
 MAX_OUTPUT_LINES = 60
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from moe_course.analysis.limoe_runs import limoe_seed_table, soft_minimum_table
+from moe_course.analysis.limoe_runs import in_threshold_sweep, limoe_seed_table, soft_minimum_table
 from moe_course.analysis.sweeps import RESULTS, read_runs
 
 
@@ -21,11 +21,11 @@ def main(argv=None) -> None:
     p.add_argument("files", nargs="*", default=[str(RESULTS / "limoe.jsonl")])
     args = p.parse_args(argv)
     runs = [run for path in args.files for run in read_runs(path)]
-    swept = lambda run: run.get("options", {}).get("text_soft_min") is not None
-    for variant in sorted({run["variant"] for run in runs if not swept(run)}, key=lambda v: (v != "", v)):
+    for variant in sorted({run["variant"] for run in runs if not in_threshold_sweep(run)},
+                          key=lambda v: (v != "", v)):
         print(f"\n{variant or 'the recipes (digits-limoe presets)'}:\n")
         print(limoe_seed_table(runs, variant))
-    if any(map(swept, runs)):
+    if any(map(in_threshold_sweep, runs)):
         print("\nthe text threshold's soft minimum S = e^tau_text (32 experts, 4x4 patches):\n")
         print(soft_minimum_table(runs))
 

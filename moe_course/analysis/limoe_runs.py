@@ -68,6 +68,11 @@ def soft_minimum(run: dict) -> float:
     return round(math.exp(run["config"]["text_tau"]), 1)
 
 
+def in_threshold_sweep(run: dict) -> bool:
+    """Whether ``run`` belongs to the Figs. 9-10 sweep: the five terms (``paper``) with ``--text-soft-min`` set."""
+    return run["kind"] == "paper" and run.get("options", {}).get("text_soft_min") is not None
+
+
 def effective_experts(shares: list[float]) -> float:
     """e^H of a modality's first-choice shares over the experts (normalised to sum 1): the number of experts an
     even split with the same entropy would use -- the hard counterpart of the soft minimum S = e^tau. ValueError
@@ -85,8 +90,8 @@ def soft_minimum_table(runs: list[dict], experts: int = 32, patch_size: int = 4)
     (``effective_experts``, mean), the experts taking 90% of images (mean), the text success rate (mean),
     zero-shot accuracy (mean ± std) and the seeds. Raises ValueError when no run matches, or as ``seed_spread``
     does (a seed recorded twice for one S, a non-finite number)."""
-    swept = [run for run in runs if run["kind"] == "paper" and run["options"].get("text_soft_min") is not None
-             and run["config"]["num_experts"] == experts and run["config"]["patch_size"] == patch_size]
+    swept = [run for run in runs if in_threshold_sweep(run) and run["config"]["num_experts"] == experts
+             and run["config"]["patch_size"] == patch_size]
     if not swept:
         raise ValueError(f"no paper run with --text-soft-min, experts={experts} and patch_size={patch_size} "
                          f"among {len(runs)} runs")

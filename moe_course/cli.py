@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import zipfile
 from pathlib import Path
 
 from moe_course.configs import PRESETS
@@ -166,9 +167,13 @@ def _adapted_model(init_from: str, model_config):
     """
     from moe_course.configs.vit import backbone_of
     from moe_course.models import ViT, mod_from_vit
+    from moe_course.train.checkpoint import WorkdirError
     from moe_course.train.restore import load_run
 
-    run = load_run(init_from)
+    try:
+        run = load_run(init_from)
+    except WorkdirError as err:
+        raise ValueError(f"--init-from: {err}") from err
     if type(run.model) is not ViT:
         raise ValueError(f"--init-from {init_from}: it holds a {type(run.model).__name__}; use a dense ViT run "
                          f"(moe-course train vit ...)")
@@ -285,8 +290,12 @@ def _evaluate_reference(args) -> dict:
     if args.dataset is None:
         raise ValueError("--checkpoint needs --dataset (e.g. imagefolder with --data-dir, an ImageNet-style "
                          "validation folder)")
-    model = load_reference(args.checkpoint, args.format, model_config=args.model_config,
-                           image_size=args.image_size, group_size=args.group_size)
+    try:
+        model = load_reference(args.checkpoint, args.format, model_config=args.model_config,
+                               image_size=args.image_size, group_size=args.group_size)
+    except (OSError, zipfile.BadZipFile) as err:  # a missing shard, a wrong prefix, a missing or broken file
+        flag = "--model-config" if getattr(err, "filename", None) == args.model_config else "--checkpoint"
+        raise ValueError(f"{flag}: {_file_error(err)}") from err
     routing = _routing_overrides(args, _model_kind(model.config))
     if routing:
         with_routing(model, **routing)
@@ -297,6 +306,12 @@ def _evaluate_reference(args) -> dict:
     summary = {"checkpoint": args.checkpoint, "format": args.format, "split": args.split,
                "image_size": model.config.image_size, **routing}
     return summary | _test_metrics(model, SignedPixels(dataset), args.split, args.batch_size)
+
+
+def _file_error(err: Exception) -> str:
+    """One line for a file that could not be read: "PATH: reason" (OSError's own wording when it has no path)."""
+    filename, reason = getattr(err, "filename", None), getattr(err, "strerror", None)
+    return f"{filename}: {reason}" if filename and reason else str(err)
 
 
 def _evaluate(args) -> dict:

@@ -64,6 +64,8 @@ def test_mod_adapts_a_trained_vit_and_refuses_mismatches(tmp_path, capsys):
     assert "test_accuracy:" in capsys.readouterr().out
     assert main(mod + ["--init-from", str(tmp_path / "tiny")]) == 2
     assert f"--init-from {tmp_path / 'tiny'}: its patch_size=8 differs from patch_size=4" in _error_line(capsys)
+    assert main(mod + ["--init-from", str(tmp_path / "nothere")]) == 2
+    assert _error_line(capsys).startswith(f"moe-course train: error: --init-from: {tmp_path / 'nothere'}/run.json")
     assert main(mod + ["--capacity", "1.5"]) == 2
     assert "capacity=1.5 is not allowed" in _error_line(capsys)
     assert main(["train", "vit", "--preset", "digits-tiny", "--router", "standard"] + small) == 2

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from moe_course.reference import (
-    read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_from_checkpoint,
+    read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_config_from_checkpoint,
+    vmoe_from_checkpoint,
 )
 from moe_course.reference.names import seeded_parameters
 
@@ -150,6 +151,77 @@ def test_cli_evaluates_a_vmoe_checkpoint_on_an_image_folder(tmp_path, capsys):
     assert capsys.readouterr().err.strip().endswith("--checkpoint needs --format (vmoe or big_vision)")
 
 
+def _image_folder(root: Path, size: int, classes: int = 7) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label in range(classes):
+            folder = root / split / f"class{label}"
+            folder.mkdir(parents=True)
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / "0.png")
+    return root
+
+
+def test_a_vmoe_checkpoint_loads_at_another_image_size_with_a_new_group_size(tmp_path, capsys):
+    """At 32 px the fixture's group of 34 tokens (two 16 px images) is no whole number of 65-token images, so
+    loading needs group_size -- and with it, loads (library and CLI); the S/32 case of 384 px, groups of 8."""
+    from moe_course.cli import main
+
+    model_config = json.loads((FIXTURES / "vmoe_small_bpr.model.json").read_text())
+    with pytest.raises(ValueError, match="group_size=34 tokens is not a whole number of images of 65 tokens"):
+        vmoe_from_checkpoint(FIXTURES / "vmoe_small_bpr", model_config, image_size=32)
+    model = vmoe_from_checkpoint(FIXTURES / "vmoe_small_bpr", model_config, image_size=32, group_size=2)
+    assert (model.config.image_size, model.config.group_size, np.shape(model.pos_embed[...])) == (32, 2, (1, 65, 32))
+    logits = np.asarray(model(jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (4, 32, 32, 3)))).logits)
+    assert logits.shape == (4, 7) and np.isfinite(logits).all()
+
+    shapes = json.loads((FIXTURES / "vmoe_s32_every2.shapes.json").read_text())
+    paper = {name: np.broadcast_to(np.float32(0), shape) for name, shape in shapes.items()}
+    paper_config = json.loads((FIXTURES / "vmoe_s32_every2.model.json").read_text())
+    config = vmoe_config_from_checkpoint(paper, paper_config, image_size=384, group_size=8)
+    assert (config.image_size, config.num_tokens, config.group_size) == (384, 145, 8)
+
+    data = _image_folder(tmp_path / "data", 32)
+    argv = ["evaluate", "--checkpoint", str(FIXTURES / "vmoe_small_bpr"), "--format", "vmoe", "--model-config",
+            str(FIXTURES / "vmoe_small_bpr.model.json"), "--dataset", "imagefolder", "--data-dir", str(data),
+            "--split", "val", "--batch-size", "8", "--image-size", "32"]
+    assert main(argv + ["--group-size", "2"]) == 0
+    assert "image_size: 32" in capsys.readouterr().out
+    assert main(argv) == 2
+    assert "pass group_size" in capsys.readouterr().err
+
+
+def test_cli_names_a_missing_or_broken_checkpoint_file_in_one_line(tmp_path, capsys):
+    """A missing data shard, a wrong prefix, a missing or empty .npz, a missing model config: exit 2 and one
+    line naming the file (README: bad input is one line, never a traceback)."""
+    import shutil
+
+    from moe_course.cli import main
+
+    data = _image_folder(tmp_path / "data", 16)
+    shutil.copy(FIXTURES / "vmoe_small_bpr.index", tmp_path / "partial.index")
+    shutil.copy(FIXTURES / "vmoe_small_bpr.data-00000-of-00002", tmp_path / "partial.data-00000-of-00002")
+    (tmp_path / "empty.npz").write_bytes(b"")
+    (tmp_path / "cut.index").write_bytes((FIXTURES / "vmoe_small_bpr.index").read_bytes()[:100])
+    config = str(FIXTURES / "vmoe_small_bpr.model.json")
+    cases = {
+        ("partial", "vmoe", config): "partial.data-00001-of-00002: a data shard of the checkpoint is missing",
+        ("nothere", "vmoe", config): "nothere.index: no vmoe checkpoint index there",
+        ("cut", "vmoe", config): "cut.index: not a vmoe checkpoint file",
+        ("nothere.npz", "big_vision", None): "--checkpoint: " + str(tmp_path / "nothere.npz") + ": No such file",
+        ("empty.npz", "big_vision", None): "empty.npz: not a readable .npz checkpoint",
+        (str(FIXTURES / "vmoe_small_bpr"), "vmoe", str(tmp_path / "none.json")):
+            "--model-config: " + str(tmp_path / "none.json") + ": No such file",
+    }
+    for (checkpoint, checkpoint_format, model_config), message in cases.items():
+        argv = ["evaluate", "--checkpoint", str(tmp_path / checkpoint), "--format", checkpoint_format,
+                "--dataset", "imagefolder", "--data-dir", str(data), "--split", "val"]
+        assert main(argv + (["--model-config", model_config] if model_config else [])) == 2, checkpoint
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, (checkpoint, err)
+
+
 def test_on_to_pytorch_through_the_twins():
     """The converted V-MoE's PyTorch twin (``to_torch``) gives vmoe's logits and routing too."""
     torch = pytest.importorskip("torch")
@@ -178,3 +250,16 @@ def test_vmoe_soft_moe_logits_and_weights():
     for block, record in zip(model.config.moe_blocks(), out.routing):
         np.testing.assert_allclose(record.dispatch_weights, reference[f"dispatch_{block}"], atol=1e-5)
         np.testing.assert_allclose(record.combine_weights, reference[f"combine_{block}"], atol=1e-5)
+
+
+def test_qk_norm_checkpoints_are_refused_by_name():
+    """vmoe's Soft MoE configs normalise queries and keys (key_ln, query_ln); our attention does not, so such a
+    checkpoint is refused with a message saying so, not an "unexpected parameter" deep in the mapping."""
+    arrays = read_vmoe_checkpoint(FIXTURES / "vmoe_small_soft")
+    model_config = json.loads((FIXTURES / "vmoe_small_soft.model.json").read_text())
+    width = model_config["hidden_size"]
+    qk = {f"Encoder/encoderblock_0/SelfAttention/{name}/scale": np.ones(width // 2, np.float32)
+          for name in ("key_ln", "query_ln")}
+    with pytest.raises(ValueError, match="key_ln.*QK-norm checkpoints are not supported"):
+        vmoe_from_checkpoint({**arrays, **qk}, model_config)
+

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import os
+import zipfile
 import re
 from collections.abc import Mapping
 
@@ -52,9 +53,13 @@ _SCANNED = "Transformer/encoderblock/"
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The arrays of a big_vision ``.npz`` by their '/'-joined names. Raises FileNotFoundError."""
-    with np.load(path, allow_pickle=False) as data:
-        return {name: data[name] for name in data.files}
+    """The arrays of a big_vision ``.npz`` by their '/'-joined names. Raises FileNotFoundError, and ValueError
+    naming the file when it is not a readable ``.npz`` (empty, truncated, pickled objects)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    except (EOFError, zipfile.BadZipFile, ValueError) as err:
+        raise ValueError(f"{os.fspath(path)}: not a readable .npz checkpoint ({type(err).__name__}: {err})") from err
 
 
 def unscan(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -25,7 +25,8 @@ and ``capacity_multiple_of``, default 4), the router noise (vmoe's ``noise_std``
 aux loss weights (vmoe sums its MoE layers' losses) and ``group_size`` -- vmoe counts tokens per routing
 group, we count images, so it must be a whole number of images. Everything else (architecture, experts,
 which blocks are MoE) is read from the arrays' names and shapes. vmoe's ``bfloat16`` dispatch option is not
-carried: ours dispatches in float32. Experts are the tanh-GELU MLPs of ``flax.linen.gelu``: ``gelu="tanh"``.
+carried: ours dispatches in float32. Checkpoints with QK-norm (``key_ln`` / ``query_ln`` in the attention, the
+default of vmoe's Soft MoE configs) are refused: our attention has no QK-norm. Experts are the tanh-GELU MLPs of ``flax.linen.gelu``: ``gelu="tanh"``.
 Images go in as vmoe's input pipeline gives them (pixels scaled to [-1, 1]), NHWC.
 """
 
@@ -94,8 +95,9 @@ def _soft_routing(moe: Mapping, tokens_per_image: int) -> dict:
     return {"router": "soft", "group_size": 1}
 
 
-def _routing(model: Mapping | None, num_experts: int, tokens_per_image: int) -> dict:
-    """Our routing fields from vmoe's ``config.model`` (see the module docstring)."""
+def _routing(model: Mapping | None, num_experts: int, tokens_per_image: int, group_size: int | None = None) -> dict:
+    """Our routing fields from vmoe's ``config.model`` (see the module docstring); ``group_size`` (images per
+    routing group) replaces the config's token count, which is then not checked."""
     moe = _get(model or {}, "encoder.moe", {})
     router = dict(moe.get("router", {}))
     name = router.get("name", ROUTER)
@@ -130,7 +132,9 @@ def _routing(model: Mapping | None, num_experts: int, tokens_per_image: int) -> 
         noise_std=float(router.get("noise_std", 1.0)) / num_experts, aux_loss_weight=2.0 * float(importance),
         aux_loss_reduction="sum", dispatch="einsum" if dispatcher.get("name", "einsum") == "einsum" else "gather",
     )
-    if group_tokens is not None:
+    if group_size is not None:
+        settings["group_size"] = group_size
+    elif group_tokens is not None:
         if group_tokens % tokens_per_image:
             raise ValueError(f"encoder.moe.group_size={group_tokens} tokens is not a whole number of images of "
                              f"{tokens_per_image} tokens; pass group_size (images per routing group)")
@@ -149,6 +153,11 @@ def vmoe_config_from_checkpoint(arrays: Mapping[str, np.ndarray], model: Mapping
     group_size: images per routing group, overriding the config's token count (needed when that is not a
     whole number of images, e.g. at another image size). Raises ValueError naming what cannot be expressed.
     """
+    qk_norm = sorted(n for n in arrays if re.search(r"(^|/)(key_ln|query_ln)/", n))
+    if qk_norm:
+        raise ValueError(f"parameter {qk_norm[0]!r}: this checkpoint normalises queries and keys (QK-norm, vmoe's "
+                         f"key_ln / query_ln, the default of its Soft MoE configs); our attention has no QK-norm, so "
+                         f"QK-norm checkpoints are not supported")
     depth = len({m.group(1) for n in arrays if (m := re.match(r"Encoder/encoderblock_(\d+)/", n))})
     moe_blocks = sorted({int(m.group(1)) for n in arrays if (m := re.match(r"Encoder/encoderblock_(\d+)/Moe/", n))})
     if not moe_blocks:
@@ -176,15 +185,13 @@ def vmoe_config_from_checkpoint(arrays: Mapping[str, np.ndarray], model: Mapping
         mlp_dim=mlp_dim, num_classes=int(np.shape(arrays["head/kernel"])[1]), pool=pool,
         representation_size=None if rep is None else int(np.shape(rep)[1]), gelu="tanh",
     ).validate()
-    routing = _routing(model, num_experts, backbone.num_tokens)
+    routing = _routing(model, num_experts, backbone.num_tokens, group_size)
     if soft != (routing.get("router") == "soft"):
         raise ValueError(f"the checkpoint's router ({'mu' if soft else 'dense'}) does not match "
                          f"encoder.moe.router.name={_get(model or {}, 'encoder.moe.router.name', ROUTER)!r}")
     if soft:
         return SoftMoEConfig(**backbone.__dict__, num_experts=num_experts, slots_per_expert=int(router_shape[2]),
                              **_placement(moe_blocks, depth), **routing).validate()
-    if group_size is not None:
-        routing["group_size"] = group_size
     return VMoEConfig(**backbone.__dict__, num_experts=num_experts, **_placement(moe_blocks, depth),
                       **routing).validate()
 

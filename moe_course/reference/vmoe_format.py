@@ -55,7 +55,11 @@ def _ext(code: int, data: bytes):
 
 def _unpack(path: str) -> dict:
     with open(path, "rb") as f:
-        return msgpack.unpackb(f.read(), ext_hook=_ext, raw=False, strict_map_key=False)
+        data = f.read()
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext, raw=False, strict_map_key=False)
+    except (ValueError, TypeError, msgpack.exceptions.UnpackException) as err:  # truncated or foreign bytes
+        raise ValueError(f"{path}: not a vmoe checkpoint file ({type(err).__name__}: {err})") from err
 
 
 def _sorted_leaves(tree: Mapping, prefix: str = "") -> list[tuple[str, dict]]:

@@ -8,6 +8,7 @@ for everything that points at it: the header's repository link, the ``git clone`
 chapter page, and where the first cell of a downloaded chapter installs the course from. Unset: none of these.
 """
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -50,6 +51,9 @@ nb_execution_show_tb = True
 # no widget JavaScript is loaded (it would come from a CDN).
 nb_ipywidgets_js = {}
 
+# The grading package's API page comes from its docstrings also where nbgrader (the instructor extra) is not
+# installed (README's learner installs): autodoc then imports moe_course.course against a stand-in for it.
+autodoc_mock_imports = [] if importlib.util.find_spec("nbgrader") else ["nbgrader"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": True}

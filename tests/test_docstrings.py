@@ -15,12 +15,19 @@ import pytest
 
 import moe_course
 
-pytest.importorskip("torch", reason="moe_course.torch needs PyTorch (the torch extra)")
+# Packages that need an optional extra, checked only where it is installed (README command 1 has neither).
+OPTIONAL = {"moe_course.torch": ("torch", "moe_course.torch needs PyTorch (the torch extra)"),
+            "moe_course.course": ("nbgrader", "moe_course.course needs nbgrader (the instructor extra)")}
 
 
-def _modules():
+def _package_of(name: str) -> str:
+    return next((package for package in OPTIONAL if name == package or name.startswith(package + ".")), "moe_course")
+
+
+def _modules(package: str = "moe_course"):
+    """The modules of ``package``: one of OPTIONAL, or "moe_course" for all the rest."""
     names = ["moe_course"] + sorted(i.name for i in pkgutil.walk_packages(moe_course.__path__, "moe_course."))
-    return [importlib.import_module(name) for name in names]
+    return [importlib.import_module(name) for name in names if _package_of(name) == package]
 
 
 def _own_doc(member) -> str | None:
@@ -33,10 +40,10 @@ def _inherited_from_course(cls, name: str) -> bool:
                if base.__module__.startswith("moe_course") and name in vars(base))
 
 
-def undocumented() -> list[str]:
-    """Dotted names of the public objects of ``moe_course`` without a docstring."""
+def undocumented(package: str = "moe_course") -> list[str]:
+    """Dotted names of the public objects of ``package`` (see ``_modules``) without a docstring."""
     missing = []
-    for module in _modules():
+    for module in _modules(package):
         for name, obj in vars(module).items():
             if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj)):
                 continue
@@ -55,8 +62,12 @@ def undocumented() -> list[str]:
     return missing
 
 
-def test_every_public_object_has_a_docstring():
-    missing = undocumented()
+@pytest.mark.parametrize("package", ["moe_course", *OPTIONAL])
+def test_every_public_object_has_a_docstring(package):
+    if package in OPTIONAL:
+        module, reason = OPTIONAL[package]
+        pytest.importorskip(module, reason=reason)
+    missing = undocumented(package)
     assert not missing, f"{len(missing)} public objects without a docstring: {', '.join(missing)}"
 
 

@@ -15,8 +15,6 @@ import dataclasses
 import os
 from pathlib import Path
 
-from traitlets.config import Config
-
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
@@ -60,7 +58,7 @@ def checks_file(course_dir: Path, assignment: str) -> Path:
 
 
 def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits = Limits(),
-                    kernel_name: str | None = None, sockets: Path | None = None) -> Config:
+                    kernel_name: str | None = None, sockets: Path | None = None) -> traitlets.config.Config:
     """The traitlets Config for nbgrader's API on ``course_dir``.
 
     db: the gradebook to use (default: the master ``gradebook.db``). kernel_name: the kernelspec that runs
@@ -73,6 +71,8 @@ def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits 
     the kernel that loses the race dies before it answers. With a kernel_name, cells run in
     ``output_cap.CappedExecute`` (at most ``limits.output_bytes`` of output).
     """
+    from traitlets.config import Config  # here: `moe-course train` and `evaluate` import no grading stack
+
     paths = course_paths(course_dir)
     c = Config()
     c.NbGraderAPI.log_level = "WARN"  # nbgrader's per-file INFO lines would drown the summary

@@ -60,6 +60,16 @@ def test_ci_installs_what_readme_command_1_installs():
     assert install in _ci_lines(), f"README command 1 installs with {install!r}; .ci/run does not"
 
 
+def test_ci_runs_the_tests_in_the_readme_command_1_install_too():
+    """README command 1 installs neither PyTorch nor nbgrader, so tests that need them must skip by name there:
+    CI runs the suite (all but the chapters) after that install, before adding the two."""
+    lines = _ci_lines()
+    install = lines.index('pip install -e ".[lab,test]"')
+    extras = next(i for i, line in enumerate(lines) if line.startswith("pip install") and "torch" in line)
+    between = [line for line in lines[install + 1:extras] if line.startswith("python -m pytest")]
+    assert between and "test_chapters" in between[0], lines[install:extras]
+
+
 def test_accelerator_extras_name_real_jax_extras():
     """cuda12/cuda13/tpu ask for JAX's extra of that name, in the same version range as the core dependency."""
     from importlib.metadata import metadata

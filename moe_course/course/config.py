@@ -58,7 +58,7 @@ def checks_file(course_dir: Path, assignment: str) -> Path:
 
 
 def nbgrader_config(course_dir: Path, *, db: Path | None = None, limits: Limits = Limits(),
-                    kernel_name: str | None = None, sockets: Path | None = None) -> traitlets.config.Config:
+                    kernel_name: str | None = None, sockets: Path | None = None):
     """The traitlets Config for nbgrader's API on ``course_dir``.
 
     db: the gradebook to use (default: the master ``gradebook.db``). kernel_name: the kernelspec that runs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moe_course.analysis.sweeps import RESULTS, read_runs, seed_spread
+from moe_course.analysis.sweeps import RESULTS, read_runs, seed_lead, seed_spread
 
 
 def _write(path, runs):
@@ -45,6 +45,22 @@ def test_a_seed_recorded_twice_or_a_non_finite_number_is_refused(tmp_path):
         seed_spread(nan)
 
 
+def test_seed_lead_pairs_seeds_and_counts_wins_ties_and_losses():
+    runs = [_run("dense", 0, 0.90), _run("tc", 0, 0.95), _run("dense", 1, 0.97), _run("tc", 1, 0.968),
+            _run("dense", 2, 0.95), _run("tc", 2, 0.93), _run("dense", 3, 0.90), _run("ec", 0, 0.99),
+            _run("tc", 4, 0.99)]  # seeds 3 (dense) and 4 (tc) have no partner
+    lead = seed_lead(runs, "tc")
+    assert lead.per_seed == pytest.approx({0: 0.05, 1: -0.002, 2: -0.02})
+    assert (lead.wins, lead.ties, lead.losses) == (1, 1, 1)
+    assert lead.spread.mean == pytest.approx(0.028 / 3) and lead.spread.seeds == (0, 1, 2)
+    assert lead.spread.std == pytest.approx(math.sqrt(sum((d - 0.028 / 3) ** 2 for d in (0.05, -0.002, -0.02)) / 2))
+    assert str(lead).endswith("ahead on 1 of 3 seeds, level on 1, behind on 1")
+    with pytest.raises(ValueError, match="no seed has both a 'soft' and a 'dense' run"):
+        seed_lead(runs, "soft")
+    with pytest.raises(ValueError, match="recorded twice"):
+        seed_lead(runs + [_run("tc", 0, 0.5)], "tc")
+
+
 def test_read_runs_names_the_bad_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(_run("tc", 0, 0.9)) + "\n\n{not json\n")
@@ -65,6 +81,7 @@ def test_glyphs_table_prints_the_recipes_first_then_each_variant(tmp_path):
     rows = [line for line in recipes.splitlines() if line.startswith("| dense") or line.startswith("| Tokens")]
     assert rows[0].startswith("| dense ViT | 4.70 | 191k | 0.930 ± 0.028 (0.910-0.950) | 0.070 | 0, 1 |"), rows
     assert rows[1].startswith("| Tokens Choice (BPR)"), rows
+    assert "- Tokens Choice (BPR) minus dense: +0.040 ± 0.000 (+0.040 to +0.040); ahead on 1 of 1 seeds" in recipes
     out = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "benchmarks" / "glyphs_table.py"),
                           "--summary", str(path)], capture_output=True, text=True, check=True).stdout
     assert "| the recipes | 0.930 (2) | 0.990 (1) |  |  |" in out and "| --experts 4 |  |  |  | 0.500 (1) |" in out, out

@@ -64,13 +64,48 @@ def seed_spread(runs: list[dict], metric: str = "test_accuracy", variant: str = 
         if run["seed"] in by_seed:
             raise ValueError(f"seed {run['seed']} of kind {run['kind']!r} (variant {variant!r}) is recorded twice")
         by_seed[run["seed"]] = value
-    table = {}
-    for kind, by_seed in values.items():
-        xs = list(by_seed.values())
-        mean = sum(xs) / len(xs)
-        std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-        table[kind] = SeedSpread(mean, std, min(xs), max(xs), tuple(sorted(by_seed)))
-    return table
+    return {kind: _spread(by_seed) for kind, by_seed in values.items()}
+
+
+def _spread(by_seed: dict[int, float]) -> SeedSpread:
+    xs = list(by_seed.values())
+    mean = sum(xs) / len(xs)
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return SeedSpread(mean, std, min(xs), max(xs), tuple(sorted(by_seed)))
+
+
+@dataclass(frozen=True)
+class SeedLead:
+    """One model minus a baseline, seed by seed, over the seeds both were run with (same recipe, same seed):
+    ``per_seed`` {seed: difference}, its SeedSpread ``spread``, and ``wins`` (seeds where the model is ahead),
+    ``ties`` (within ``tie`` of each other) and ``losses``."""
+
+    per_seed: dict[int, float]
+    spread: SeedSpread
+    wins: int
+    ties: int
+    losses: int
+
+    def __str__(self) -> str:
+        return (f"{self.spread.mean:+.3f} ± {self.spread.std:.3f} ({self.spread.low:+.3f} to {self.spread.high:+.3f}); "
+                f"ahead on {self.wins} of {len(self.per_seed)} seeds, level on {self.ties}, behind on {self.losses}")
+
+
+def seed_lead(runs: list[dict], kind: str, baseline: str = "dense", metric: str = "test_accuracy",
+              variant: str = "", tie: float = 0.005) -> SeedLead:
+    """``kind`` minus ``baseline`` in ``metric`` for each seed both have in ``variant`` ("" = the recipes); a
+    difference within ``tie`` (0.005: half a point of accuracy) counts as level. Raises ValueError when the two
+    share no seed (and as ``seed_spread`` does for a seed recorded twice or a non-finite value)."""
+    by_seed = {k: {run["seed"]: float(run[metric]) for run in runs if run["kind"] == k and run["variant"] == variant}
+               for k in (kind, baseline)}
+    seed_spread([run for run in runs if run["kind"] in (kind, baseline)], metric, variant)  # the same checks
+    seeds = sorted(set(by_seed[kind]) & set(by_seed[baseline]))
+    if not seeds:
+        raise ValueError(f"no seed has both a {kind!r} and a {baseline!r} run (variant {variant!r})")
+    per_seed = {seed: by_seed[kind][seed] - by_seed[baseline][seed] for seed in seeds}
+    gaps = list(per_seed.values())
+    return SeedLead(per_seed, _spread(per_seed), wins=sum(d > tie for d in gaps), ties=sum(abs(d) <= tie for d in gaps),
+                    losses=sum(d < -tie for d in gaps))
 
 
 def seed_table(runs: list[dict], variant: str = "") -> str:

@@ -42,3 +42,53 @@ def test_lms_names_links_and_special_files(tmp_path):
     assert skipped["notes.txt"] == "not a notebook or a folder"
     assert skipped["bob"] == "0 notebooks and none named 00_tiny.ipynb"
     assert "instructor only" not in "".join(p.read_text() for p in (course / "submitted").rglob("*.ipynb"))
+
+
+def test_long_names_get_bounded_distinct_ids_and_deep_trees_are_skipped(tmp_path):
+    """An LMS folder name of 300 characters becomes an id of at most MAX_ID characters (a hash keeps two long
+    names apart); a folder tree too deep to walk is one student's skipped line, never the class's abort."""
+    from moe_course.course.collect import MAX_ID
+
+    long_a, long_b = "Ada " + "x" * 296, "Ada " + "x" * 295 + "y"
+    assert len(student_id(long_a)) <= MAX_ID and student_id(long_a) != student_id(long_b)
+    assert student_id(long_a).startswith("ada-xxx") and student_id(long_a) == student_id(long_a)
+    assert student_id("Ada Lovelace") == "ada-lovelace"  # short names keep their plain id
+    export, course = tmp_path / "export", tmp_path / "course"
+    (export / (long_a[:250])).mkdir(parents=True)
+    (export / long_a[:250] / "00_tiny.ipynb").write_text("{}")
+    deep = export / "deep"
+    deep.mkdir()
+    fd = os.open(deep, os.O_RDONLY)
+    try:  # 1,200 nested folders, made relative to each parent (a full path would pass PATH_MAX)
+        for _ in range(1200):
+            os.mkdir("d", dir_fd=fd)
+            child = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    finally:
+        os.close(fd)
+    (export / "Bo.ipynb").write_text("{}")
+    try:
+        found, skipped = collect(export, course, NAME)
+    finally:
+        _remove_nested(deep, "d")  # shutil.rmtree (pytest's clean-up) recurses as deep as the tree
+    assert set(found) == {student_id(long_a[:250]), "bo"}, found
+    assert "deep" in skipped and skipped["deep"].startswith(("could not be read", "0 notebooks")), skipped
+    assert (course / "submitted" / student_id(long_a[:250]) / NAME / f"{NAME}.ipynb").exists()
+
+
+def _remove_nested(top, name):
+    """Remove the chain top/name/name/... of empty folders without recursion or many open files: lift the
+    chain below the first folder up one level, remove that folder, repeat."""
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        while True:
+            try:
+                os.rename(f"{name}/{name}", "lifted", src_dir_fd=fd, dst_dir_fd=fd)
+            except FileNotFoundError:
+                break
+            os.rmdir(name, dir_fd=fd)
+            os.rename("lifted", name, src_dir_fd=fd, dst_dir_fd=fd)
+        os.rmdir(name, dir_fd=fd)
+    finally:
+        os.close(fd)

@@ -81,7 +81,10 @@ def run(args) -> dict:
         return {"released": ", ".join(p.stem for p in released), "exercises": args.exercises}
     if command == "collect":
         found, skipped = collect.collect(Path(args.export_dir), course_dir, args.assignment)
-        return {"collected": len(found), "skipped": len(skipped),
+        entries = {student: notebook.relative_to(args.export_dir).parts[0] for student, notebook in found.items()}
+        shortened = {f"shortened to {student}": entry[:120] + ("..." if len(entry) > 120 else "")
+                     for student, entry in entries.items() if len(entry) > collect.MAX_ID}
+        return {"collected": len(found), "skipped": len(skipped), **shortened,
                 **{f"skipped {name}": why for name, why in skipped.items()}}
     if command == "autograde":
         limits = Limits(cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,

@@ -7,15 +7,18 @@ Layouts understood (one export per assignment):
 - flat files named by student, ``<student>.ipynb``.
 Student ids are the folder or file names reduced to ``[a-z0-9_.-]`` (Moodle's suffix dropped, accents
 dropped: ``José`` -> ``jose``); a name with no ASCII letter or digit left (``王芳``) gets its Punycode form
-(``xn--...``, as in domain names: ASCII, distinct per name). Every notebook is copied as
+(``xn--...``, as in domain names: ASCII, distinct per name). An id longer than ``MAX_ID`` characters keeps its
+first characters and ends in a short hash of the whole name, so that every id is a folder name any file system
+takes and two long names stay apart. Every notebook is copied as
 ``submitted/<student>/<assignment>/<assignment>.ipynb``, broken ones too: whether a file can be read is the
 grader's question, and it answers it per student. Symbolic links and special files (FIFOs, devices,
-sockets) are never followed or copied; each skipped entry gets a line saying why, and nothing aborts the
-class.
+sockets) are never followed or copied; each skipped entry gets a line saying why (an entry that cannot be read,
+or a folder tree too deep to walk, too), and nothing aborts the class.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -27,6 +30,7 @@ from moe_course.course.config import course_paths
 
 CANVAS = re.compile(r"^(?P<name>[^_]+)(?:_late)?_(?P<user>\d+)_\d+_.+\.ipynb$", re.I)
 MOODLE_SUFFIX = re.compile(r"_assignsubmission_\w*$")
+MAX_ID = 64  # characters of a student id (a folder name, and part of deeper paths; file systems allow 255 bytes)
 
 
 def _ascii_id(name: str) -> str:
@@ -43,6 +47,9 @@ def student_id(name: str) -> str:
         cleaned = "xn--" + _ascii_id(letters.encode("punycode").decode()) if letters else ""
     if not cleaned:
         raise ValueError(f"student name {name!r} has no letters or digits to make an id from")
+    if len(cleaned) > MAX_ID:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:10]
+        cleaned = f"{cleaned[:MAX_ID - 11].rstrip('-.')}-{digest}"
     return cleaned
 
 
@@ -76,6 +83,9 @@ def find_submissions(export_dir: Path, assignment: str) -> tuple[dict[str, Path]
             student, notebook = _submission(entry, assignment)
         except ValueError as err:
             skipped[entry.name] = str(err)
+            continue
+        except (OSError, RecursionError) as err:  # unreadable, or a folder tree deeper than the walk can go
+            skipped[entry.name] = f"could not be read ({type(err).__name__}: {str(err)[:200]})"
             continue
         if student in found:
             skipped[entry.name] = f"a second submission for student {student!r} (kept {found[student].name})"

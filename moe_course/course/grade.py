@@ -15,6 +15,7 @@ import concurrent.futures
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,6 +124,23 @@ def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path
     return written
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as a formula (OWASP, CSV injection)
+CELL_CHARS = 300  # characters of text kept per cell: messages, not logs
+
+
+def csv_cell(value):
+    """``value`` as an inert ``grades.csv`` cell: numbers and None as they are; text on one line (control
+    characters become spaces), at most CELL_CHARS characters, and prefixed with ``'`` when it would start with
+    ``= + - @``, a tab or a carriage return, so that a spreadsheet shows it as text instead of running it as a
+    formula (OWASP's advice against CSV injection). A student's grade_id or error text cannot become a formula."""
+    if not isinstance(value, str):
+        return value
+    text = re.sub(r"[\x00-\x1f\x7f]+", " ", value)
+    if len(text) > CELL_CHARS:
+        text = text[:CELL_CHARS - 3] + "..."
+    return "'" + text if value.startswith(FORMULA_START) or text.startswith(FORMULA_START) else text
+
+
 def export(course_dir: Path, target: Path | None = None) -> Path:
     """Write ``grades.csv`` (default: in the course directory): one row per collected submission, GRADES_FIELDS
     -- graded, failed, or "not graded" (collected, never autograded: score 0); max_score from the master
@@ -148,7 +166,7 @@ def export(course_dir: Path, target: Path | None = None) -> Path:
         record["max_score"] = record["max_score"] if record["max_score"] is not None else max_scores.get(
             record["assignment"])
         record["flags"] = "; ".join(record.get("flags", []))
-        rows.append({field: record.get(field, "") for field in GRADES_FIELDS})
+        rows.append({field: csv_cell(record.get(field, "")) for field in GRADES_FIELDS})
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=GRADES_FIELDS)

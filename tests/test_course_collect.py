@@ -92,3 +92,17 @@ def _remove_nested(top, name):
         os.rmdir(name, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def test_grades_csv_cells_are_inert():
+    """OWASP's CSV-injection advice: a cell a spreadsheet would run as a formula is made text; control characters
+    and long logs do not reach grades.csv."""
+    from moe_course.course.grade import CELL_CHARS, csv_cell
+
+    assert csv_cell('=HYPERLINK("http://x","click")') == '\'=HYPERLINK("http://x","click")'
+    for start in ("+", "-", "@", "\t", "\r"):
+        assert csv_cell(start + "1+1").startswith("'"), start
+    assert csv_cell("failed: cell timed out") == "failed: cell timed out"
+    assert csv_cell("line one\nline two\x1b[31m") == "line one line two [31m"
+    assert len(csv_cell("e" * 10_000)) == CELL_CHARS
+    assert csv_cell(7.5) == 7.5 and csv_cell(None) is None

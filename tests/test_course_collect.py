@@ -56,6 +56,7 @@ def test_long_names_get_bounded_distinct_ids_and_deep_trees_are_skipped(tmp_path
     export, course = tmp_path / "export", tmp_path / "course"
     (export / (long_a[:250])).mkdir(parents=True)
     (export / long_a[:250] / "00_tiny.ipynb").write_text("{}")
+    (export / "Bo.ipynb").write_text("{}")
     deep = export / "deep"
     deep.mkdir()
     fd = os.open(deep, os.O_RDONLY)
@@ -65,10 +66,7 @@ def test_long_names_get_bounded_distinct_ids_and_deep_trees_are_skipped(tmp_path
             child = os.open("d", os.O_RDONLY, dir_fd=fd)
             os.close(fd)
             fd = child
-    finally:
         os.close(fd)
-    (export / "Bo.ipynb").write_text("{}")
-    try:
         found, skipped = collect(export, course, NAME)
     finally:
         _remove_nested(deep, "d")  # shutil.rmtree (pytest's clean-up) recurses as deep as the tree

@@ -15,9 +15,11 @@ pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -
 from course_submissions import answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
 from moe_course.course.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
+from moe_course.course.collect import MAX_ID, student_id  # noqa: E402
 from moe_course.course.config import REPO  # noqa: E402
 
 NAME = "00_tiny"
+LONG_NAME = "\u2177" * 85  # the Roman numeral eight: 3 bytes in UTF-8, "viii" in NFKD
 CELL_TIMEOUT = 15  # s; long enough for a correct cell on a loaded 2-core machine
 MEMORY_MB = 3072  # the grading kernel's address space; JAX and the course library take about 1.6 GiB of it
 SOLUTION = '''# %% [markdown]
@@ -208,6 +210,14 @@ def graded(tmp_path_factory):
                               + "\nimport os\nos.remove('/grading/answers/probs_tests.npz')\n"
                               "os.mkfifo('/grading/answers/probs_tests.npz')\n"
                               "os.symlink('/etc/passwd', '/grading/answers/probs_tests.json')"),
+        "injects_html": {**full, "cells": full["cells"] + [  # into the feedback page the instructor opens
+            {"cell_type": "markdown", "id": "md", "metadata": {},
+             "source": "<script>alert('pwned-script')</script><iframe src='http://evil.example/a'></iframe>"},
+            {"cell_type": "code", "execution_count": None, "id": "html", "metadata": {}, "outputs": [],
+             "source": "from IPython.display import HTML, Javascript, display\n"
+                       "display(HTML(\"<img src='http://evil.example/b.png' onerror='alert(1)'>\"))\n"
+                       "display(Javascript('alert(2)'))"}]},
+        LONG_NAME: full,  # 255 bytes, 340 characters once normalised ("viii" each)
         "empty": "",
         "malformed": '{"cells": [ this is not json',
     }
@@ -225,7 +235,8 @@ def graded(tmp_path_factory):
     with open(course / "grades.csv") as handle:
         grades = {row["student"]: row for row in csv.DictReader(handle)}
     print(f"\n{len(submissions)} submissions (hostile and correct) graded in {seconds:.1f} s wall, 2 jobs")
-    return {"grades": grades, "course": course, "outside": outside, "students": submissions}
+    return {"grades": grades, "course": course, "outside": outside,
+            "students": {student_id(name): notebook for name, notebook in submissions.items()}}
 
 
 def _score(graded, student) -> float:
@@ -243,6 +254,26 @@ def test_the_batch_grades_everyone_and_correct_students_are_unaffected(graded):
         assert graded["grades"][student]["status"] == "graded"
         assert _score(graded, student) == 3.0 == float(graded["grades"][student]["max_score"])
     assert _score(graded, "blank") == 0.0
+
+
+def test_a_long_lms_name_is_graded_under_a_bounded_id_and_grades_csv_is_inert(graded):
+    row = graded["grades"][student_id(LONG_NAME)]
+    assert len(row["student"]) <= MAX_ID and row["status"] == "graded" and _score(graded, row["student"]) == 3.0
+    cells = [value for row in graded["grades"].values() for value in row.values()]
+    assert not [cell for cell in cells if cell and cell[0] in "=+-@\t\r"], "a cell a spreadsheet would run"
+
+
+def test_feedback_shows_what_a_student_injected_as_text(graded):
+    from moe_course.course.grade import feedback
+
+    written = feedback(graded["course"], NAME, ["injects_html", "good"])
+    assert set(written) == {"injects_html", "good"} and _score(graded, "injects_html") == 3.0
+    page = written["injects_html"].read_text()
+    assert "pwned-script" in page, "the markdown cell is still there, as text"
+    # live markup, not the escaped text of the cells' sources: a script that alerts, a frame, an image from
+    # elsewhere, an event handler
+    for live in (r"<script[^>]*>[^<]*alert", r"<iframe", r"<img[^>]*evil\.example", r"<[a-z][^<>]*\bonerror\s*="):
+        assert not re.search(live, page, re.IGNORECASE), live
 
 
 def test_an_infinite_loop_times_out_and_scores_zero_on_its_cell(graded):

@@ -104,8 +104,12 @@ def hide_hidden_tracebacks(notebook, resources):
 
 def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path]:
     """HTML feedback per graded student, without the hidden tests (their text is cleared from the cells,
-    their tracebacks cut to one line). Returns {student: html path}."""
+    their tracebacks cut to one line), sanitised by nbconvert's ``SanitizeHTML`` (bleach): what a student put
+    into markdown or HTML outputs -- scripts, iframes, event handlers, images from elsewhere -- is shown as
+    escaped text, and JavaScript outputs are dropped, so the file the instructor opens runs none of it.
+    Returns {student: html path}."""
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+    from nbconvert.preprocessors.sanitize import SanitizeHTML
     from nbgrader.apps import NbGraderAPI
     from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
@@ -116,8 +120,9 @@ def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path
         if not result.exists() or json.loads(result.read_text())["status"] != "graded":
             continue
         config = nbgrader_config(course_dir, db=db)
-        config.GenerateFeedback.preprocessors = [GetGrades, hide_hidden_tracebacks, ClearHiddenTests,
+        config.GenerateFeedback.preprocessors = [GetGrades, hide_hidden_tracebacks, ClearHiddenTests, SanitizeHTML,
                                                  CSSHTMLHeaderPreprocessor]
+        config.SanitizeHTML.enabled = True  # nbconvert's preprocessors are off until enabled; nbgrader's are on
         outcome = NbGraderAPI(config=config).generate_feedback(assignment, student)
         if outcome["success"]:
             written[student] = paths["feedback"] / student / assignment / f"{assignment}.html"

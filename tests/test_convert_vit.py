@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="the converters need torch and transformers (the torch extra)")
 pytest.importorskip("transformers")
 
 import jax  # noqa: E402

@@ -86,7 +86,7 @@ def test_grading_kernels_use_unix_sockets_in_the_given_folder(tmp_path):
 
 
 def test_stderr_in_a_test_cell_is_held_from_the_grade_and_put_back():
-    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]'")
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
     import nbformat
     from nbgrader.utils import determine_grade
 
@@ -110,7 +110,7 @@ def test_stderr_in_a_test_cell_is_held_from_the_grade_and_put_back():
 
 
 def test_export_lists_every_collected_submission_graded_or_not(tmp_path):
-    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[test]'")
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
     import csv
 
     from nbgrader.api import Gradebook

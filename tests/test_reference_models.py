@@ -224,7 +224,7 @@ def test_cli_names_a_missing_or_broken_checkpoint_file_in_one_line(tmp_path, cap
 
 def test_on_to_pytorch_through_the_twins():
     """The converted V-MoE's PyTorch twin (``to_torch``) gives vmoe's logits and routing too."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the PyTorch twins need torch (the torch extra)")
     from moe_course.torch.convert import to_torch
 
     reference = outputs("vmoe_small_bpr")

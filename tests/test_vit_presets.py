@@ -28,7 +28,7 @@ def test_vmoe_table_7_parameter_counts(name):
 
 @pytest.mark.parametrize("name", ["deit-ti/16", "deit-s/16"])
 def test_deit_counts_equal_transformers(name):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="the PyTorch twins need torch (the torch extra)")
     pytest.importorskip("transformers")
     from transformers.models.vit.modeling_vit import ViTForImageClassification
 

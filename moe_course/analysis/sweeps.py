@@ -87,8 +87,9 @@ class SeedLead:
     losses: int
 
     def __str__(self) -> str:
-        return (f"{self.spread.mean:+.3f} ± {self.spread.std:.3f} ({self.spread.low:+.3f} to {self.spread.high:+.3f}); "
-                f"ahead on {self.wins} of {len(self.per_seed)} seeds, level on {self.ties}, behind on {self.losses}")
+        spread = self.spread
+        return (f"{spread.mean:+.3f} ± {spread.std:.3f} ({spread.low:+.3f} to {spread.high:+.3f}); ahead on "
+                f"{self.wins} of {len(self.per_seed)} seeds, level on {self.ties}, behind on {self.losses}")
 
 
 def seed_lead(runs: list[dict], kind: str, baseline: str = "dense", metric: str = "test_accuracy",
@@ -104,8 +105,8 @@ def seed_lead(runs: list[dict], kind: str, baseline: str = "dense", metric: str 
         raise ValueError(f"no seed has both a {kind!r} and a {baseline!r} run (variant {variant!r})")
     per_seed = {seed: by_seed[kind][seed] - by_seed[baseline][seed] for seed in seeds}
     gaps = list(per_seed.values())
-    return SeedLead(per_seed, _spread(per_seed), wins=sum(d > tie for d in gaps), ties=sum(abs(d) <= tie for d in gaps),
-                    losses=sum(d < -tie for d in gaps))
+    return SeedLead(per_seed, _spread(per_seed), wins=sum(d > tie for d in gaps),
+                    ties=sum(abs(d) <= tie for d in gaps), losses=sum(d < -tie for d in gaps))
 
 
 def seed_table(runs: list[dict], variant: str = "") -> str:

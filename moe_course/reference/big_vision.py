@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import math
 import os
-import zipfile
 import re
+import zipfile
 from collections.abc import Mapping
 
 import numpy as np

@@ -26,8 +26,8 @@ aux loss weights (vmoe sums its MoE layers' losses) and ``group_size`` -- vmoe c
 group, we count images, so it must be a whole number of images. Everything else (architecture, experts,
 which blocks are MoE) is read from the arrays' names and shapes. vmoe's ``bfloat16`` dispatch option is not
 carried: ours dispatches in float32. Checkpoints with QK-norm (``key_ln`` / ``query_ln`` in the attention, the
-default of vmoe's Soft MoE configs) are refused: our attention has no QK-norm. Experts are the tanh-GELU MLPs of ``flax.linen.gelu``: ``gelu="tanh"``.
-Images go in as vmoe's input pipeline gives them (pixels scaled to [-1, 1]), NHWC.
+default of vmoe's Soft MoE configs) are refused: our attention has no QK-norm. Experts are the tanh-GELU MLPs
+of ``flax.linen.gelu``: ``gelu="tanh"``. Images go in as vmoe's input pipeline gives them (pixels scaled to [-1, 1]), NHWC.
 """
 
 from __future__ import annotations

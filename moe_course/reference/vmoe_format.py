@@ -77,8 +77,9 @@ def read_vmoe_checkpoint(prefix: str | os.PathLike) -> dict[str, np.ndarray]:
     in the saved tree (e.g. ``params/Encoder/encoderblock_1/Moe/Mlp/Dense_0/kernel`` when a whole training
     state was saved), as NumPy arrays of the stored dtype (bfloat16 through ``ml_dtypes``).
 
-    Raises FileNotFoundError naming the index or a shard that is not there, and ValueError when an array's
-    pieces do not cover it (a shard of another checkpoint).
+    Raises FileNotFoundError naming the index or a shard that is not there, and ValueError naming the file when
+    it is not msgpack (truncated, or another format) or when an array's pieces do not cover it (a shard of
+    another checkpoint).
     """
     prefix = os.fspath(prefix)
     if not os.path.exists(prefix + ".index"):

@@ -18,6 +18,9 @@ from moe_course.checks import check_choices, check_integers, check_number, check
 
 POOLS = ("cls", "gap")
 GELUS = ("exact", "tanh")
+# Flax's two precision fields (``dtype``: computation, ``param_dtype``: parameters), as names so that configs stay
+# JSON-ready. MaxText and big_vision train in bfloat16 with float32 parameters and optimizer state.
+DTYPES = ("float32", "bfloat16")
 JFT_CLASSES = 18291
 
 
@@ -33,6 +36,11 @@ class ViTConfig:
     dropout: dropout rate after attention/MLP (training only). gelu: the GELU of every MLP and expert,
     "exact" (erf, the course's default) or "tanh" (its tanh approximation, ``flax.linen.gelu``'s default, which
     big_vision's and vmoe's released checkpoints were trained with; ``moe_course.reference`` sets it).
+    dtype: the computation dtype of every matrix product, "float32" or "bfloat16" (Flax's ``dtype``). Kept in
+    float32 whatever it says, as vmoe and big_vision keep them: router logits, softmaxes, top-k and priorities,
+    the auxiliary, entropy and contrastive losses, LayerNorm statistics, attention softmaxes and the logits.
+    param_dtype: the dtype parameters are stored (and optimised) in, "float32" (default) or "bfloat16".
+    Mixed precision as the reference code runs it is dtype="bfloat16" with param_dtype="float32".
     """
 
     name: str = "custom"
@@ -48,8 +56,11 @@ class ViTConfig:
     representation_size: int | None = None
     dropout: float = 0.0
     gelu: str = "exact"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"pool": POOLS, "gelu": GELUS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"pool": POOLS, "gelu": GELUS, "dtype": DTYPES,
+                                                     "param_dtype": DTYPES}
 
     @property
     def num_patches(self) -> int:

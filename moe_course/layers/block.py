@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from moe_course.layers.attention import MultiHeadAttention
@@ -17,7 +18,8 @@ class EncoderBlock(nnx.Module):
 
     ``mlp``: None for the dense MLP of size ``mlp_dim``, or a module that returns an ``MoEOutput`` (V-MoE
     replaces the MLP of some blocks with a sparse MoE layer, Sec. 2.1). gelu: the dense MLP's GELU
-    (``MLP``).
+    (``MLP``). dtype / param_dtype: computation and parameter dtypes of the LayerNorms (their statistics are
+    float32 always, as Flax computes them), the attention and the dense MLP; an ``mlp`` module brings its own.
     attention_mask: (batch, tokens, tokens) bool or None, which keys each query sees. token_mask, modality:
     (batch, tokens) bool / int or None, handed to an MoE ``mlp`` (padding takes no expert slot; LIMoE's
     per-modality aux losses); a dense MLP treats every token alike.
@@ -25,11 +27,12 @@ class EncoderBlock(nnx.Module):
     """
 
     def __init__(self, width: int, heads: int, mlp_dim: int, *, dropout: float = 0.0, rngs: nnx.Rngs,
-                 mlp: nnx.Module | None = None, gelu: str = "exact"):
-        self.norm1 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
-        self.attn = MultiHeadAttention(width, heads, rngs=rngs)
-        self.norm2 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, rngs=rngs)
-        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim, gelu=gelu, rngs=rngs)
+                 mlp: nnx.Module | None = None, gelu: str = "exact", dtype=jnp.float32, param_dtype=jnp.float32):
+        precision = dict(dtype=dtype, param_dtype=param_dtype)
+        self.norm1 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, **precision, rngs=rngs)
+        self.attn = MultiHeadAttention(width, heads, **precision, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(width, epsilon=LAYER_NORM_EPS, **precision, rngs=rngs)
+        self.mlp = mlp if mlp is not None else MLP(width, mlp_dim, gelu=gelu, **precision, rngs=rngs)
         self.drop = nnx.Dropout(dropout)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,

@@ -45,18 +45,23 @@ class MoDBlock(nnx.Module):
     routing. Returned maps (with ``return_attention``) are full (tokens x tokens) maps with zeros for skipped
     tokens (``scatter_attention``), so a following MoD block can route on them.
     block: the wrapped ``EncoderBlock`` (its parameters are named exactly as in a dense ViT's block, so a
-    pretrained dense block can be adopted unchanged). Raises ValueError for a bad router name or capacity.
+    pretrained dense block can be adopted unchanged). dtype / param_dtype: the wrapped block's computation and
+    parameter dtypes; the routing scores and the gate are float32 whatever they are. Raises ValueError for a
+    bad router name or capacity.
     """
 
     def __init__(self, width: int, heads: int, mlp_dim: int, *, capacity: float, router: str, keep_first: bool,
-                 num_tokens: int, dropout: float = 0.0, gelu: str = "exact", rngs: nnx.Rngs):
+                 num_tokens: int, dropout: float = 0.0, gelu: str = "exact", dtype=jnp.float32,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):
         check_choice("router", router, MOD_ROUTERS)
         mod_capacity(num_tokens, capacity)
         self.capacity, self.router_kind, self.keep_first = capacity, router, keep_first
-        self.block = EncoderBlock(width, heads, mlp_dim, dropout=dropout, gelu=gelu, rngs=rngs)
+        self.block = EncoderBlock(width, heads, mlp_dim, dropout=dropout, gelu=gelu, dtype=dtype,
+                                  param_dtype=param_dtype, rngs=rngs)
         # A fresh router, initialised like the ViT's weights: near-random choices and gates near sigmoid(0) = 1/2
         # when a pretrained block is adopted -- the starting point A-MoD's Table 3 compares attention routing with.
-        self.router = (nnx.Linear(width, 1, use_bias=False, kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+        self.router = (nnx.Linear(width, 1, use_bias=False, kernel_init=nnx.initializers.normal(0.02),
+                                  param_dtype=param_dtype, rngs=rngs)
                        if router == "standard" else None)
 
     def __call__(self, x: jax.Array, *, previous_attention: jax.Array | None = None, deterministic: bool = True,

@@ -109,7 +109,7 @@ def vmoe_aux_loss(routing, layer, logits, noisy_logits, token_mask=None):
 class SparseMoE(nnx.Module):
     """MoE(x) = sum over the token's served choices i of g(x)_i e_i(x) (V-MoE Sec. 2.1-2.4, App. A.2, App. C).
 
-    Call: x (batch, tokens, width) float32 -> MoEOutput. ``batch`` must be a multiple of ``group_size``
+    Call: x (batch, tokens, width) -> MoEOutput, output in x's dtype. ``batch`` must be a multiple of ``group_size``
     (images per routing group); tokens compete for each expert's ``capacity`` slots only within their group.
     token_mask: (batch, tokens) bool or None. False tokens (padding) take no expert buffer slot, come out
     as 0 (the residual carries them on) and count in no aux loss; the capacity is still computed from all
@@ -122,6 +122,10 @@ class SparseMoE(nnx.Module):
     Experts choice (Zhou et al. 2022) gives every expert the same B_e = round(k*N*C/E) slots, so on average
     a token is processed by k*C experts, the compute of token choice at the same k and C.
     Raises ValueError for a batch that is not a multiple of group_size.
+    Precision: dtype / param_dtype are the experts' computation and parameter dtypes (Flax's fields). The
+    router always computes its logits in float32 (its kernel cast up), and the softmax, top-k, priorities,
+    allocation and aux losses follow in float32, as vmoe's routers do; dispatch, the experts and the
+    gate-weighted combine run in ``dtype`` (the float32 gates cast to it at the combine product).
     Expert parallelism: ``moe_course.parallel.use_mesh`` sets ``mesh`` and hands the layer ``expert_apply``, the
     function that runs the experts split over the mesh's ``expert`` axis with all-to-all
     (``moe_course.parallel.expert_parallel``); outputs and routing equal the one-device layer's. The layer
@@ -144,7 +148,7 @@ class SparseMoE(nnx.Module):
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
                  layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None,
-                 rngs: nnx.Rngs):
+                 dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
@@ -156,8 +160,10 @@ class SparseMoE(nnx.Module):
         # expert_apply(groups, routed, layer, deterministic=, rngs=) -> outputs, or None for one device;
         # set by moe_course.parallel.use_mesh (the layer never imports the parallel package)
         self.expert_apply = None
-        self.router = nnx.Linear(width, num_experts, use_bias=False, rngs=rngs)
-        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu, rngs=rngs)
+        self.router = nnx.Linear(width, num_experts, use_bias=False, dtype=jnp.float32, param_dtype=param_dtype,
+                                 rngs=rngs)
+        self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu, dtype=dtype,
+                               param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, x: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  token_mask: jax.Array | None = None, modality: jax.Array | None = None) -> MoEOutput:

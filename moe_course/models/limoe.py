@@ -31,7 +31,7 @@ from moe_course.configs.limoe import LIMoEConfig
 from moe_course.data.tokenizer import PAD_ID
 from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
 from moe_course.layers.multimodal_moe import MultimodalMoE
-from moe_course.models.vit import PatchEmbed, count_params
+from moe_course.models.vit import PatchEmbed, count_params, precision
 from moe_course.models.vmoe import sparse_moe_settings
 from moe_course.routing import MODALITIES, PADDING, PRUNING_MODES
 from moe_course.routing.checks import check_choice
@@ -85,6 +85,9 @@ class LIMoE(nnx.Module):
     Call: images (batch, S, S, C) float32 and/or text (batch, seq_len) int32 with text_mask (batch, seq_len)
     bool (None: every id != PAD_ID is real) -> ContrastiveOutput. With both, row j of images and text is
     pair j. ``batch`` must be a multiple of ``config.group_size`` when the model has MoE layers.
+    Precision (``config.dtype`` / ``param_dtype``): the embeddings and the encoder compute in ``dtype``; the
+    final LayerNorm's output, the pooling, the projections and the normalised embeddings are float32, so the
+    contrastive logits and loss are float32, as the routers and their losses are.
     Raises ValueError for an invalid config (before any parameter is made), for no input, for inputs of the
     wrong shape, or for images and text of different batch sizes.
     """
@@ -93,18 +96,21 @@ class LIMoE(nnx.Module):
         config.validate()
         self.config = c = config
         init = nnx.initializers.normal(stddev=0.02)
-        self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.width, rngs=rngs)
-        self.image_pos_embed = nnx.Param(init(rngs.params(), (1, c.num_patches, c.width)))
-        self.token_embed = nnx.Embed(c.vocab_size, c.width, embedding_init=init, rngs=rngs)
-        self.text_pos_embed = nnx.Param(init(rngs.params(), (1, c.seq_len, c.width)))
+        mixed = precision(c)
+        param_dtype = mixed["param_dtype"]
+        float32 = {"dtype": jnp.float32, "param_dtype": param_dtype}
+        self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.width, **mixed, rngs=rngs)
+        self.image_pos_embed = nnx.Param(init(rngs.params(), (1, c.num_patches, c.width), param_dtype))
+        self.token_embed = nnx.Embed(c.vocab_size, c.width, embedding_init=init, **mixed, rngs=rngs)
+        self.text_pos_embed = nnx.Param(init(rngs.params(), (1, c.seq_len, c.width), param_dtype))
         self.blocks = nnx.List([
             EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self._mlp(block, rngs),
-                         gelu=c.gelu)
+                         gelu=c.gelu, **mixed)
             for block in range(c.depth)
         ])
-        self.norm = nnx.LayerNorm(c.width, epsilon=LAYER_NORM_EPS, rngs=rngs)
-        self.image_proj = nnx.Linear(c.width, c.embed_dim, use_bias=False, rngs=rngs)
-        self.text_proj = nnx.Linear(c.width, c.embed_dim, use_bias=False, rngs=rngs)
+        self.norm = nnx.LayerNorm(c.width, epsilon=LAYER_NORM_EPS, **float32, rngs=rngs)
+        self.image_proj = nnx.Linear(c.width, c.embed_dim, use_bias=False, **float32, rngs=rngs)
+        self.text_proj = nnx.Linear(c.width, c.embed_dim, use_bias=False, **float32, rngs=rngs)
         self.log_temperature = nnx.Param(jnp.asarray(math.log(c.temperature_init), jnp.float32))
 
     def _mlp(self, block: int, rngs: nnx.Rngs) -> MultimodalMoE | None:
@@ -112,7 +118,7 @@ class LIMoE(nnx.Module):
         if block not in c.moe_blocks():
             return None
         return MultimodalMoE(c.width, c.mlp_dim, c.num_experts, losses=c.aux_losses, taus=c.taus,
-                             joint=c.joint_aux_losses, **sparse_moe_settings(c, block), rngs=rngs)
+                             joint=c.joint_aux_losses, **sparse_moe_settings(c, block), **precision(c), rngs=rngs)
 
     def moe_layers(self) -> list[MultimodalMoE]:
         """The MoE layers, in block order (empty for the dense one-tower model)."""
@@ -126,7 +132,8 @@ class LIMoE(nnx.Module):
             expected = (c.image_size, c.image_size, c.channels)
             if tuple(images.shape[1:]) != expected:
                 raise ValueError(f"images have shape {tuple(images.shape[1:])} per example; this model expects {expected}")
-            tokens.append(self.patch_embed(images) + self.image_pos_embed[...])
+            patches = self.patch_embed(images)
+            tokens.append(patches + self.image_pos_embed[...].astype(patches.dtype))
             ids.append(jnp.full((images.shape[0], c.num_patches), IMAGE, jnp.int32))
         if text is not None:
             if text.ndim != 2 or text.shape[1] != c.seq_len:
@@ -135,7 +142,8 @@ class LIMoE(nnx.Module):
                 text_mask = text != PAD_ID
             elif text_mask.shape != text.shape:
                 raise ValueError(f"text_mask has shape {tuple(text_mask.shape)}; it must match text {tuple(text.shape)}")
-            tokens.append(self.token_embed(text) + self.text_pos_embed[...])
+            pieces = self.token_embed(text)
+            tokens.append(pieces + self.text_pos_embed[...].astype(pieces.dtype))
             ids.append(jnp.where(text_mask, TEXT, PADDING).astype(jnp.int32))
         if not tokens:
             raise ValueError("images=None and text=None: give images, text or both")

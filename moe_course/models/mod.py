@@ -9,7 +9,7 @@ from flax import nnx
 from moe_course.configs.mod import MoDConfig, mod_config_from_vit
 from moe_course.layers.mod import MoDBlock
 from moe_course.models.output import ModelOutput
-from moe_course.models.vit import ViT, count_params
+from moe_course.models.vit import ViT, count_params, precision
 
 
 class MoDViT(ViT):
@@ -32,7 +32,7 @@ class MoDViT(ViT):
             return super().make_block(block, rngs)
         return MoDBlock(c.width, c.heads, c.mlp_dim, capacity=c.capacity, router=c.router,
                         keep_first=c.pool == "cls", num_tokens=c.num_tokens, dropout=c.dropout, gelu=c.gelu,
-                        rngs=rngs)
+                        **precision(c), rngs=rngs)
 
     def __call__(self, images: jax.Array, *, deterministic: bool = True, rngs: nnx.Rngs | None = None,
                  return_attention: bool = False) -> ModelOutput:

@@ -6,7 +6,7 @@ from flax import nnx
 
 from moe_course.configs.soft_moe import SoftMoEConfig
 from moe_course.layers.soft_moe import SoftMoE
-from moe_course.models.vit import count_params
+from moe_course.models.vit import count_params, precision
 from moe_course.models.vmoe import VMoE
 
 
@@ -27,7 +27,7 @@ class SoftMoEViT(VMoE):
         if c.router == "sparse" or block not in c.moe_blocks():
             return super().make_mlp(block, rngs)
         return SoftMoE(c.width, c.mlp_dim, c.num_experts, slots_per_expert=c.slots_per_expert,
-                       expert_dropout=c.expert_dropout, gelu=c.gelu, rngs=rngs)
+                       expert_dropout=c.expert_dropout, gelu=c.gelu, **precision(c), rngs=rngs)
 
     def moe_layers(self) -> list:
         """The SoftMoE layers in block order (the SparseMoE layers when ``config.router == "sparse"``)."""

@@ -24,15 +24,23 @@ def patchify(images: jax.Array, patch_size: int) -> jax.Array:
     return x.reshape(b, (h // p) * (w // p), p * p * c)
 
 
+def precision(config: ViTConfig) -> dict:
+    """The layers' precision keywords from a model config of any family: {"dtype": computation dtype,
+    "param_dtype": parameter dtype}, both ``numpy.dtype`` (Flax's two fields; see ``ViTConfig``)."""
+    return {"dtype": jnp.dtype(config.dtype), "param_dtype": jnp.dtype(config.param_dtype)}
+
+
 class PatchEmbed(nnx.Module):
     """A strided convolution (kernel = stride = patch size): each patch becomes one width-D token.
 
-    images (batch, H, W, C) -> tokens (batch, (H/p)*(W/p), width), row-major over the patch grid.
+    images (batch, H, W, C) -> tokens (batch, (H/p)*(W/p), width) in ``dtype``, row-major over the patch grid.
     """
 
-    def __init__(self, patch_size: int, channels: int, width: int, *, rngs: nnx.Rngs):
+    def __init__(self, patch_size: int, channels: int, width: int, *, dtype=jnp.float32, param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):
         p = patch_size
-        self.proj = nnx.Conv(channels, width, kernel_size=(p, p), strides=(p, p), padding="VALID", rngs=rngs)
+        self.proj = nnx.Conv(channels, width, kernel_size=(p, p), strides=(p, p), padding="VALID", dtype=dtype,
+                             param_dtype=param_dtype, rngs=rngs)
 
     def __call__(self, images: jax.Array) -> jax.Array:
         x = self.proj(images)
@@ -45,6 +53,9 @@ class ViT(nnx.Module):
     Call: images (batch, image_size, image_size, channels) float32 -> ModelOutput with logits
     (batch, num_classes); ``return_attention=True`` also fills ``attention`` with one
     (batch, heads, tokens, tokens) map per block (class token first when pool="cls").
+    Precision (``config.dtype`` / ``config.param_dtype``): the patch embedding and the blocks compute in
+    ``dtype`` and carry the residual stream in it; the final LayerNorm's output, the pooling, the pre-logits
+    layer and the head are float32, so the logits are float32 (as big_vision's head).
     Raises ValueError (from ViTConfig.validate) for an invalid config, before any parameter is made.
     """
 
@@ -52,21 +63,24 @@ class ViT(nnx.Module):
         config.validate()
         self.config = config
         d = config.width
-        self.patch_embed = PatchEmbed(config.patch_size, config.channels, d, rngs=rngs)
+        param_dtype = precision(config)["param_dtype"]
+        self.patch_embed = PatchEmbed(config.patch_size, config.channels, d, **precision(config), rngs=rngs)
         init = nnx.initializers.normal(stddev=0.02)
-        self.pos_embed = nnx.Param(init(rngs.params(), (1, config.num_tokens, d)))
-        self.cls_token = nnx.Param(jnp.zeros((1, 1, d))) if config.pool == "cls" else None
+        self.pos_embed = nnx.Param(init(rngs.params(), (1, config.num_tokens, d), param_dtype))
+        self.cls_token = nnx.Param(jnp.zeros((1, 1, d), param_dtype)) if config.pool == "cls" else None
         self.blocks = nnx.List([self.make_block(i, rngs) for i in range(config.depth)])
-        self.norm = nnx.LayerNorm(d, epsilon=LAYER_NORM_EPS, rngs=rngs)
+        float32 = {"dtype": jnp.float32, "param_dtype": param_dtype}
+        self.norm = nnx.LayerNorm(d, epsilon=LAYER_NORM_EPS, **float32, rngs=rngs)
         rep = config.representation_size
-        self.pre_logits = nnx.Linear(d, rep, rngs=rngs) if rep else None
-        self.head = nnx.Linear(rep or d, config.num_classes, kernel_init=nnx.initializers.zeros_init(), rngs=rngs)
+        self.pre_logits = nnx.Linear(d, rep, **float32, rngs=rngs) if rep else None
+        self.head = nnx.Linear(rep or d, config.num_classes, kernel_init=nnx.initializers.zeros_init(), **float32,
+                               rngs=rngs)
 
     def make_block(self, block: int, rngs: nnx.Rngs) -> nnx.Module:
         """Encoder block number ``block`` (from 0). Subclasses (MoD) return other kinds of blocks here."""
         c = self.config
         return EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self.make_mlp(block, rngs),
-                            gelu=c.gelu)
+                            gelu=c.gelu, **precision(c))
 
     def make_mlp(self, block: int, rngs: nnx.Rngs) -> nnx.Module | None:
         """The MLP of block ``block``: None = the dense MLP. Subclasses (V-MoE) return MoE layers here."""
@@ -83,8 +97,9 @@ class ViT(nnx.Module):
             raise ValueError(f"images have shape {tuple(images.shape[1:])} per example; this model expects {expected}")
         x = self.patch_embed(images)
         if self.cls_token is not None:
-            x = jnp.concatenate([jnp.broadcast_to(self.cls_token[...], (x.shape[0], 1, x.shape[-1])), x], axis=1)
-        return x + self.pos_embed[...]
+            cls = self.cls_token[...].astype(x.dtype)
+            x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, x.shape[-1])), x], axis=1)
+        return x + self.pos_embed[...].astype(x.dtype)
 
     def pool(self, x: jax.Array) -> jax.Array:
         """Final normalised tokens (batch, tokens, width) -> image representation (batch, width or

@@ -10,7 +10,7 @@ from flax import nnx
 
 from moe_course.configs.vmoe import VMoEConfig
 from moe_course.layers.moe import SparseMoE
-from moe_course.models.vit import ViT, count_params
+from moe_course.models.vit import ViT, count_params, precision
 
 ROUTING_SETTINGS = ("k", "capacity_ratio", "allocation", "priority", "skip_keep_fraction", "dispatch")
 
@@ -44,7 +44,8 @@ class VMoE(ViT):
         c = self.config
         if block not in c.moe_blocks():
             return None
-        return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c, block), rngs=rngs)
+        return SparseMoE(c.width, c.mlp_dim, c.num_experts, **sparse_moe_settings(c, block), **precision(c),
+                         rngs=rngs)
 
     def moe_layers(self) -> list[SparseMoE]:
         """The SparseMoE layers, in block order (``config.moe_blocks()``)."""

@@ -51,11 +51,12 @@ def check_router_inputs(x, router_kernel) -> None:
 def standard_router_scores(x: jax.Array, router_kernel: jax.Array) -> jax.Array:
     """A-MoD Eq. 1: ``r_i = x_i W_r``. x: (batch, tokens, width) float; router_kernel: (width,) or (width, 1).
 
-    Returns (batch, tokens) float32 scores (unbounded; see ``mod_gate`` for the bounded multiplier).
+    Returns (batch, tokens) float32 scores (unbounded; see ``mod_gate`` for the bounded multiplier), computed in
+    float32 whatever the dtype of x (bfloat16 activations are cast up, as a router's logits are).
     """
     check_router_inputs(x, router_kernel)
-    w = router_kernel.reshape(-1)
-    return jnp.einsum("btd,d->bt", x, w).astype(jnp.float32)
+    w = router_kernel.reshape(-1).astype(jnp.float32)
+    return jnp.einsum("btd,d->bt", x.astype(jnp.float32), w)
 
 
 def attention_router_scores(attention: jax.Array) -> jax.Array:

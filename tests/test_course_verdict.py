@@ -86,26 +86,55 @@ def test_what_the_function_raised_is_the_reason(tmp_path, monkeypatch, checks_fi
     assert "object array" in verdict.verdicts(checks_file, tmp_path, 1)["double_tests"]
 
 
+WANTS = [(np.zeros((2, 3)),), (np.zeros(4),)]  # the shapes of double_tests' two cases
+
+
 def test_forged_links_fifos_and_pickles_count_for_nothing(tmp_path, checks_file):
     nothing = "no answers were recorded"
-    assert nothing in verdict.read_outputs(tmp_path, "double_tests", 2)
+    assert nothing in verdict.read_outputs(tmp_path, "double_tests", WANTS)
     (tmp_path / "elsewhere.npz").write_bytes(b"")
     os.symlink(tmp_path / "elsewhere.npz", tmp_path / "double_tests.npz")
-    assert nothing in verdict.read_outputs(tmp_path, "double_tests", 2)  # a link is not followed
+    assert nothing in verdict.read_outputs(tmp_path, "double_tests", WANTS)  # a link is not followed
     os.remove(tmp_path / "double_tests.npz")
     os.mkfifo(tmp_path / "double_tests.npz")
-    assert nothing in verdict.read_outputs(tmp_path, "double_tests", 2)  # returns at once: no reader hangs
+    assert nothing in verdict.read_outputs(tmp_path, "double_tests", WANTS)  # returns at once: no reader hangs
     os.remove(tmp_path / "double_tests.npz")
     buffer = io.BytesIO()
     np.savez(buffer, c0_0=np.array([{"any": 1}], dtype=object), c1_0=np.zeros(4))
     (tmp_path / "double_tests.npz").write_bytes(buffer.getvalue())
-    assert "cannot be read" in verdict.read_outputs(tmp_path, "double_tests", 2)  # no unpickling
+    assert "were not read" in verdict.read_outputs(tmp_path, "double_tests", WANTS)  # no unpickling
     (tmp_path / "double_tests.npz").write_bytes(b"PK\x03\x04 not a zip")
-    assert "cannot be read" in verdict.read_outputs(tmp_path, "double_tests", 2)
+    assert "cannot be read" in verdict.read_outputs(tmp_path, "double_tests", WANTS)
     buffer = io.BytesIO()
     np.savez(buffer, c0_0=np.zeros((2, 3)))
     (tmp_path / "double_tests.npz").write_bytes(buffer.getvalue())
-    assert verdict.read_outputs(tmp_path, "double_tests", 2) == "double_tests: no answer recorded for case 2"
+    assert verdict.read_outputs(tmp_path, "double_tests", WANTS) == "double_tests: no answer recorded for case 2"
+
+
+@pytest.mark.parametrize("forgery", ["zip", "header", "name"])
+def test_recorded_answers_are_sized_against_the_references_before_anything_is_inflated(tmp_path, forgery):
+    """A small .npz whose zip member (or .npy header) declares 64 MiB is refused from its directory and header
+    alone: nothing near that size is allocated in the grading process, outside the sandbox."""
+    import tracemalloc
+    import zipfile
+
+    header = io.BytesIO()
+    shape = (2**23,) if forgery != "name" else (2, 3)
+    np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": shape})
+    with zipfile.ZipFile(tmp_path / "double_tests.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("c0_0.npy" if forgery != "name" else "x.npy", "w", force_zip64=True) as member:
+            member.write(header.getvalue())
+            if forgery == "zip":
+                for _ in range(64):
+                    member.write(bytes(2**20))
+    assert (tmp_path / "double_tests.npz").stat().st_size < 2**20
+    tracemalloc.start()
+    said = verdict.read_outputs(tmp_path, "double_tests", WANTS)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert said.startswith("double_tests: the recorded answers were not read: the file "), said
+    assert ("no output of a case" if forgery == "name" else "more than its shape allows") in said, said
+    assert peak < 2**20, peak
 
 
 def test_outside_grading_record_judges_at_once(monkeypatch, checks_file):

@@ -50,6 +50,9 @@ def add_parser(sub) -> None:
     autograde.add_argument("--solutions", default=str(SOLUTIONS), help="kept unreadable for submitted code")
     autograde.add_argument("--no-sandbox", action="store_true",
                            help="grade without bubblewrap (unsafe; written into grades.csv for every row)")
+    autograde.add_argument("--sandbox-uid", type=int, default=60000,
+                           help="grading as root: the first of JOBS consecutive host uids, belonging to no user or "
+                                "group, that the kernels run as (default 60000)")
 
     feedback = with_course_dir(commands.add_parser("feedback", help="HTML feedback per graded student"))
     feedback.add_argument("assignment")
@@ -91,7 +94,8 @@ def run(args) -> dict:
                         memory_bytes=args.memory_mb * 2**20, output_bytes=args.max_output_mb * 2**20)
         start = time.perf_counter()
         records = grade.autograde(course_dir, args.assignment, jobs=args.jobs, limits=limits,
-                                  solutions_dir=Path(args.solutions), sandbox=not args.no_sandbox)
+                                  solutions_dir=Path(args.solutions), sandbox=not args.no_sandbox,
+                                  sandbox_uid=args.sandbox_uid)
         seconds = time.perf_counter() - start
         lines = {r["student"]: f"{r['score']} / {r['max_score']} ({r['status']}{': ' + r['error'] if r['error'] else ''})"
                  for r in records}

@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import concurrent.futures
 import csv
+import grp
 import json
 import os
+import pwd
+import queue
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from moe_course.course import sandbox as bubblewrap
@@ -27,6 +31,7 @@ from moe_course.course.flags import scan_notebook
 from moe_course.course.kernel import write_kernelspec
 from moe_course.course.worker import record_paths
 
+SANDBOX_UID = 60000  # the first host uid of a root grader's kernels (as isolate, the IOI sandbox, uses)
 GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags", "sandbox")
 NO_SANDBOX = "none (--no-sandbox)"  # the sandbox column of a submission graded without bubblewrap
 
@@ -37,37 +42,80 @@ def submitted_students(course_dir: Path, assignment: str) -> list[str]:
     return sorted(p.parent.name for p in submitted.glob(f"*/{assignment}") if p.is_dir())
 
 
-def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits) -> dict:
-    db, result = record_paths(course_dir, assignment, student)
-    result.parent.mkdir(parents=True, exist_ok=True)
-    result.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment, student,
-               str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds), str(limits.output_bytes)]
-    process = subprocess.Popen(command, env=grading_env(course_dir), start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits, uid: int | None) -> dict:
+    """Grade one student in a worker process (under ``unshare --mount`` and as sandbox host ``uid`` when given);
+    returns its record. Whatever fails here -- the worker, its output, its record -- gives a "failed" record
+    with the reason. The worker's output goes to a file (bounded: the kernel's file-size limit holds for it),
+    of which the last 300 characters are read."""
+    failed = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0, "max_score": None,
+              "cells": {}, "seconds": None}
     try:
-        output, _ = process.communicate(timeout=limits.submission_timeout)
-        error = "" if result.exists() else f"grading process ended with code {process.returncode}: {output[-300:]}"
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the worker, its kernel and anything they started
-        process.communicate()
-        error = f"timed out after {limits.submission_timeout} s (whole submission)"
-    if error:
-        result.write_text(json.dumps({"student": student, "assignment": assignment, "status": "failed",
-                                      "error": error, "score": 0.0, "max_score": None, "cells": {},
-                                      "seconds": None}))
-    return json.loads(result.read_text())
+        db, result = record_paths(course_dir, assignment, student)
+        result.parent.mkdir(parents=True, exist_ok=True)
+        result.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment,
+                   student, str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds),
+                   str(limits.output_bytes)]
+        env = grading_env(course_dir)
+        if uid is not None:  # a private mount namespace for the worker's scratch tmpfs
+            command = ["unshare", "--mount", "--propagation", "private", "--", *command]
+            env[bubblewrap.SANDBOX_UID_ENV] = str(uid)
+        with tempfile.TemporaryFile() as output:
+            process = subprocess.Popen(command, env=env, start_new_session=True, stdout=output,
+                                       stderr=subprocess.STDOUT)
+            try:
+                process.wait(timeout=limits.submission_timeout)
+                error = "" if result.exists() else (f"grading process ended with code {process.returncode}: "
+                                                    f"{_tail(output)}")
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)  # the worker, its kernel and anything they started
+                process.wait()
+                error = f"timed out after {limits.submission_timeout} s (whole submission)"
+        if error:
+            result.write_text(json.dumps({**failed, "error": error}))
+        return json.loads(result.read_text())
+    except Exception as error:  # RecursionError, MemoryError and OSError included: this student's row only
+        return {**failed, "error": f"grading failed: {type(error).__name__}: {str(error)[:200]}"}
+
+
+def _tail(output, chars: int = 300) -> str:
+    """The last ``chars`` characters of an output file (read from its end: it may be large)."""
+    output.seek(0, os.SEEK_END)
+    output.seek(max(0, output.tell() - 4 * chars))
+    return output.read().decode(errors="replace")[-chars:]
+
+
+def sandbox_uids(first: int, jobs: int) -> list[int]:
+    """The host uids a root grader's kernels run as: ``first`` ... ``first + jobs - 1``, one per parallel
+    grading slot. Raises ValueError when ``first`` is below 1000 or past 2**31 - jobs, or one of them belongs
+    to a user or group (``pwd``/``grp``): the sandbox must share files and process limits with nobody."""
+    if not isinstance(first, int) or not 1000 <= first <= 2**31 - 1 - jobs:
+        raise ValueError(f"sandbox_uid={first!r} is not allowed; use a host uid from 1000 to {2**31 - 1 - jobs} "
+                         f"that starts {jobs} consecutive uids belonging to no user (--sandbox-uid)")
+    for uid in range(first, first + jobs):
+        for database, kind in ((pwd.getpwuid, "user"), (grp.getgrgid, "group")):
+            try:
+                owner = database(uid)[0]
+            except KeyError:
+                continue
+            raise ValueError(f"sandbox_uid={first}: host uid {uid} is the {kind} {owner!r}; grading as root runs "
+                             f"each kernel as one of {jobs} uids from --sandbox-uid that belong to no user or "
+                             "group: pick another start")
+    return list(range(first, first + jobs))
 
 
 def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2, limits: Limits = Limits(),
-              solutions_dir: Path = SOLUTIONS, sandbox: bool = True) -> list[dict]:
+              solutions_dir: Path = SOLUTIONS, sandbox: bool = True, sandbox_uid: int = SANDBOX_UID) -> list[dict]:
     """Grade ``students`` (default: everyone in ``submitted/``) of ``assignment``, ``jobs`` at a time.
 
     The assignment must have been released into ``course_dir`` (``build.release``). Every kernel runs in
     bubblewrap (``moe_course.course.sandbox``) unless ``sandbox`` is False, which each record then says in
-    its ``sandbox`` field. Returns one record per student (see ``worker``), with ``flags`` from
-    ``flags.scan_notebook`` added. Raises ValueError for jobs < 1, an assignment that is not in the course,
-    or (with ``sandbox``) a host where bubblewrap is missing or cannot run, with how to install it.
+    its ``sandbox`` field. Run as root, the grader runs each kernel as an unprivileged host uid, one of
+    ``jobs`` from ``sandbox_uid`` on (``sandbox_uids``), in a cgroup and on a tmpfs of its own (``budget``).
+    Returns one record per student (see ``worker``), with ``flags`` from ``flags.scan_notebook`` added; any
+    error while grading or flagging one submission stays in that student's record. Raises ValueError for
+    jobs < 1, an assignment that is not in the course, or (with ``sandbox``) a host where bubblewrap is
+    missing or cannot run (as that uid, for root), or a ``sandbox_uid`` range that is not free.
     """
     if not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs={jobs!r} is not allowed; use a positive integer (parallel grading processes)")
@@ -75,16 +123,31 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     if not (paths["release"] / assignment).is_dir():
         raise ValueError(f"assignment={assignment!r} is not released in {paths['root']}; run "
                          f"`moe-course course release {assignment}` first")
-    if sandbox and (why := bubblewrap.unavailable()):
+    uids = sandbox_uids(sandbox_uid, jobs) if sandbox and os.geteuid() == 0 else [None] * jobs
+    if sandbox and (why := bubblewrap.unavailable(uids[0])):
         raise ValueError(f"{why}. {bubblewrap.INSTALL_HINT}")
     write_kernelspec(paths["jupyter"], protect=[paths["root"], Path(solutions_dir)],
                      memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
+    free = queue.SimpleQueue()
+    for uid in uids:
+        free.put(uid)
+
+    def grade_one(student: str) -> dict:
+        uid = free.get()  # a slot: no two kernels graded at once share a uid, so none shares a process limit
+        try:
+            return _run_worker(course_dir, assignment, student, limits, uid)
+        finally:
+            free.put(uid)
+
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        records = list(pool.map(lambda s: _run_worker(course_dir, assignment, s, limits), students))
+        records = list(pool.map(grade_one, students))
     for record in records:
         notebook = paths["submitted"] / record["student"] / assignment / f"{assignment}.ipynb"
-        record["flags"] = scan_notebook(notebook)
+        try:
+            record["flags"] = scan_notebook(notebook)
+        except Exception as error:  # RecursionError from a deeply nested notebook, say: this row only
+            record["flags"] = f"not scanned: {type(error).__name__}"
         record["sandbox"] = "bwrap" if sandbox else NO_SANDBOX
         _, result = record_paths(course_dir, assignment, record["student"])
         result.write_text(json.dumps(record, indent=1))

@@ -1,7 +1,8 @@
 """A cap on what a grading kernel may send back: nbgrader's cell executor, counting every output's bytes.
 
 It runs in the grading worker, outside the sandbox, so nothing a submission does can lift it. A notebook
-whose outputs (printed text, displays, results, errors) pass ``Limits.output_bytes`` is stopped there:
+whose outputs (printed text, displays, results, errors) and widget (comm) messages pass ``Limits.output_bytes``
+is stopped there:
 ``OutputLimitError`` ends that submission's grading with status "failed" and that reason, and its kernel is
 shut down by nbclient as for any other failure.
 """
@@ -13,7 +14,9 @@ import json
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
-OUTPUT_TYPES = ("stream", "display_data", "update_display_data", "execute_result", "error")
+# What a kernel sends back: outputs, and the comm (widget) messages nbclient keeps in the notebook's metadata.
+COUNTED = ("stream", "display_data", "update_display_data", "execute_result", "error", "comm_open", "comm_msg",
+           "comm_close", "clear_output")
 
 
 class OutputLimitError(RuntimeError):
@@ -21,8 +24,8 @@ class OutputLimitError(RuntimeError):
 
 
 class CappedExecute(Execute):
-    """nbgrader's ``Execute`` that counts the bytes of every output message and raises ``OutputLimitError``
-    once their sum passes ``output_bytes``."""
+    """nbgrader's ``Execute`` that counts the bytes of every output and comm message and raises
+    ``OutputLimitError`` once their sum passes ``output_bytes``."""
 
     output_bytes = Integer(16 * 2**20, help="bytes of output a whole notebook may send").tag(config=True)
 
@@ -32,10 +35,11 @@ class CappedExecute(Execute):
         return super().preprocess(nb, resources, km)
 
     def process_message(self, msg, cell, cell_index):
-        """nbclient's handling of one kernel message, after adding its output's size (bytes of its JSON
-        content) to the notebook's total; raises ``OutputLimitError`` past ``output_bytes``."""
-        if msg.get("msg_type") in OUTPUT_TYPES:
-            self._sent += len(json.dumps(msg.get("content", {}), ensure_ascii=False))
+        """nbclient's handling of one kernel message, after adding its size (bytes of its JSON content, binary
+        buffers included) to the notebook's total; raises ``OutputLimitError`` past ``output_bytes``."""
+        if msg.get("msg_type") in COUNTED:
+            self._sent += len(json.dumps(msg.get("content", {}), ensure_ascii=False, default=str))
+            self._sent += sum(memoryview(buffer).nbytes for buffer in msg.get("buffers") or ())
             if self._sent > self.output_bytes:
                 raise OutputLimitError(f"the notebook's output passed the limit of {self.output_bytes} bytes "
                                        f"(--max-output-mb); grading stopped at cell {cell_index}")

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import stat
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,9 @@ from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, 
 
 MAX_ANSWER_BYTES = 64 * 2**20  # as the sandbox's file-size limit
 NUMBER_KINDS = "biuf"  # bool, int, unsigned, float: what an answer may hold
+MAX_ITEM_BYTES = 16  # the widest number an output may be stored as (complex128 is refused later; float128 fits)
+MAX_OUTPUTS = 64  # outputs per case an answer may record (more than any check has)
+SLACK_BYTES = 2**16  # per output, past its reference's size: a header, and a small wrong shape gets its message
 FAILED = "CheckFailed"  # the ename of the error a failed check adds to its cell
 VERDICTS_ENV = "MOE_COURSE_VERDICTS"  # where score_outside writes {grade_id: reason or null} for the worker
 
@@ -46,11 +50,18 @@ def _compare(got, want, check: Check) -> str | None:
     return None
 
 
-def judge(check: Check, grade_id: str, cases: list[tuple], outputs: list[tuple]) -> str | None:
+def references(check: Check, cases: list[tuple]) -> list[tuple]:
+    """The reference outputs of ``check`` on ``cases`` (one tuple of arrays per case), from the course library."""
+    return [tuple(np.asarray(w) for w in as_outputs(check.reference(*case))) for case in cases]
+
+
+def judge(check: Check, grade_id: str, cases: list[tuple], outputs: list[tuple],
+          wants: list[tuple] | None = None) -> str | None:
     """Compare the learner's ``outputs`` (one tuple of arrays per case) with the references of ``check`` on
-    ``cases``; returns the first failure as one line, or None when every case matches."""
-    for index, (case, got) in enumerate(zip(cases, outputs)):
-        want = as_outputs(check.reference(*case))
+    ``cases`` (``wants``, computed here when not given); returns the first failure as one line, or None when
+    every case matches."""
+    wants = references(check, cases) if wants is None else wants
+    for index, (got, want) in enumerate(zip(outputs, wants)):
         where = f"{grade_id}, case {index + 1} of {len(cases)}"
         if len(got) != len(want):
             return f"{where}: returned {len(got)} output(s), expected {len(want)}"
@@ -71,22 +82,59 @@ def _read_regular(path: Path) -> bytes | None:
         info = os.fstat(handle.fileno())
         if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_ANSWER_BYTES:
             return None
-        return handle.read(MAX_ANSWER_BYTES + 1)
+        return handle.read(info.st_size + 1)[:MAX_ANSWER_BYTES + 1]  # read(n) allocates n bytes first
 
 
-def read_outputs(folder: Path, grade_id: str, cases: int) -> list[tuple] | str:
-    """The outputs ``answers.record`` wrote for ``grade_id`` (one tuple per case), or why there are none."""
+_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _oversized(raw: bytes, wants: list[tuple]) -> str | None:
+    """Why the recorded ``.npz`` in ``raw`` may not be loaded, judged from its zip directory and .npy headers
+    alone, before anything is inflated: a member that is not ``c<case>_<output>`` of a reference output, or
+    that declares more bytes -- as stored (``file_size``) or as its header's shape -- than that output's
+    elements at MAX_ITEM_BYTES each, plus SLACK_BYTES. None when it may be loaded."""
+    def limit(name: str) -> int | None:  # None: a name no output has
+        case, _, position = name.removeprefix("c").removesuffix(".npy").partition("_")
+        if not (name.startswith("c") and name.endswith(".npy") and case.isdigit() and position.isdigit()
+                and int(case) < len(wants) and int(position) < MAX_OUTPUTS):
+            return None
+        want = wants[int(case)]
+        return SLACK_BYTES + (MAX_ITEM_BYTES * want[int(position)].size if int(position) < len(want) else 0)
+
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        for member in archive.infolist():
+            allowed = limit(member.filename)
+            if allowed is None:
+                return f"holds {member.filename[:40]!r}, which is no output of a case"
+            if member.file_size > allowed:
+                return f"declares {member.file_size} bytes for {member.filename[:-4]}, more than its shape allows"
+            with archive.open(member) as handle:
+                header = _HEADERS.get(np.lib.format.read_magic(handle))
+                if header is None:
+                    return f"holds {member.filename[:-4]} in a .npy format numpy.savez does not write"
+                shape, _, dtype = header(handle)
+            if dtype.hasobject or dtype.itemsize * float(np.prod(shape, dtype=np.float64)) > allowed:
+                return f"declares shape {shape} of {dtype} for {member.filename[:-4]}, more than its shape allows"
+    return None
+
+
+def read_outputs(folder: Path, grade_id: str, wants: list[tuple]) -> list[tuple] | str:
+    """The outputs ``answers.record`` wrote for ``grade_id`` (one tuple per case), or why there are none.
+    ``wants``: the reference outputs (one tuple per case), which bound what the file may declare."""
+    cases = len(wants)
     raw = _read_regular(Path(folder) / f"{grade_id}.npz")
     if raw is None:
         error = _read_regular(Path(folder) / f"{grade_id}.json")
         try:
             said = json.loads(error)["error"] if error else None
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             said = None
         if isinstance(said, str):
             return f"{grade_id}: your function raised {said[:300]}"
         return f"{grade_id}: no answers were recorded (the cell stopped before its graded check)"
     try:
+        if (why := _oversized(raw, wants)) is not None:
+            return f"{grade_id}: the recorded answers were not read: the file {why}"
         with np.load(io.BytesIO(raw), allow_pickle=False) as stored:
             arrays = {name: stored[name] for name in stored.files}
     except Exception as error:  # a damaged or forged file
@@ -107,8 +155,9 @@ def verdicts(checks_file: Path, answers: Path, seed: int) -> dict[str, str | Non
     results = {}
     for grade_id, check in load_checks(checks_file).items():
         cases = check_cases(check, grade_id, seed)
-        outputs = read_outputs(answers, grade_id, len(cases))
-        results[grade_id] = outputs if isinstance(outputs, str) else judge(check, grade_id, cases, outputs)
+        wants = references(check, cases)
+        outputs = read_outputs(answers, grade_id, wants)
+        results[grade_id] = outputs if isinstance(outputs, str) else judge(check, grade_id, cases, outputs, wants)
     return results
 
 

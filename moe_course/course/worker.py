@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +27,7 @@ from pathlib import Path
 from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
 from moe_course.course.config import Limits, checks_file, course_paths, nbgrader_config
 from moe_course.course.kernel import KERNEL_NAME
-from moe_course.course.sandbox import SCRATCH_ENV
+from moe_course.course.sandbox import MAX_PROCESSES, SANDBOX_UID_ENV, SCRATCH_ENV
 from moe_course.course.verdict import VERDICTS_ENV
 
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
@@ -83,25 +84,49 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
 
     The kernel's sockets, the answers its hidden tests record (``answers.record``, judged here by
-    ``verdict.score_outside`` after the kernel ended) and (in the sandbox) its private copy of the
-    submission's folder live in a scratch folder of this process's own, removed afterwards. The checks'
-    inputs are drawn from ``seed`` (random per submission), so answers computed before grading match nothing.
-    Returns nbgrader's result, with the verdicts ({grade_id: reason or None}) under "verdicts".
+    ``verdict.score_outside`` after the kernel ended), its stdout/stderr and (in the sandbox) its private copy
+    of the submission's folder live in a scratch folder of this process's own, removed afterwards. Where the
+    batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), that folder is a tmpfs of
+    ``budget.SCRATCH_BYTES`` and the kernel runs in a cgroup of its own (``budget``), both gone afterwards.
+    The checks' inputs are drawn from ``seed`` (random per submission), so answers computed before grading
+    match nothing. Returns nbgrader's result, with the verdicts ({grade_id: reason or None}) under "verdicts".
     """
     from nbgrader.apps import NbGraderAPI
 
+    from moe_course.course.budget import Cgroup, mount_scratch
+
     shutil.copyfile(course_paths(course_dir)["db"], db)
-    with tempfile.TemporaryDirectory(prefix="moe-grade-") as scratch:
-        (Path(scratch) / "ipc").mkdir()
-        (Path(scratch) / "answers").mkdir()
-        verdicts = Path(scratch) / "verdicts.json"
-        os.environ.update({SCRATCH_ENV: scratch, ANSWERS_ENV: str(Path(scratch) / "answers"),
+    uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
+    scratch = Path(tempfile.mkdtemp(prefix="moe-grade-"))
+    cgroup = None
+    try:
+        if uid is not None:
+            mount_scratch(scratch)
+            cgroup = Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
+                                   processes=MAX_PROCESSES)
+        for folder in ("ipc", "answers"):
+            (scratch / folder).mkdir()
+            if uid is not None:
+                os.chown(scratch / folder, uid, uid)
+        verdicts = scratch / "verdicts.json"
+        os.environ.update({SCRATCH_ENV: str(scratch), ANSWERS_ENV: str(scratch / "answers"),
                            CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(seed),
-                           VERDICTS_ENV: str(verdicts)})
-        config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME,
-                                 sockets=Path(scratch) / "ipc")
+                           VERDICTS_ENV: str(verdicts), **(cgroup.environment() if cgroup else {})})
+        config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME, sockets=scratch / "ipc")
         outcome = NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
         return {**outcome, "verdicts": json.loads(verdicts.read_text())} if verdicts.exists() else outcome
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+        if uid is not None:
+            subprocess.run(["umount", "--lazy", str(scratch)], capture_output=True)
+        remove_tree(scratch)
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove ``folder`` and all it holds, however deep (coreutils ``rm``: a kernel may leave a tree thousands
+    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system."""
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(folder)], capture_output=True)
 
 
 def summarise_error(log: str) -> str:
@@ -119,11 +144,18 @@ def summarise_error(log: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s),
-    output (bytes)."""
+    output (bytes). Whatever goes wrong while grading, checking or cleaning up (a RecursionError, MemoryError
+    or OSError from what the submission left) ends as this student's "failed" record with the reason."""
     course_dir, assignment, student, cell_timeout, memory, cpu, output = (sys.argv[1:] if argv is None else argv)
     limits = Limits(cell_timeout=int(cell_timeout), memory_bytes=int(memory), cpu_seconds=int(cpu),
                     output_bytes=int(output))
-    record = grade_submission(Path(course_dir), assignment, student, limits)
+    try:
+        record = grade_submission(Path(course_dir), assignment, student, limits)
+    except Exception as error:  # RecursionError, MemoryError and OSError included
+        record = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0,
+                  "max_score": None, "cells": {}, "seconds": None,
+                  "error": f"grading failed: {type(error).__name__}: {str(error)[:200]}"}
+        record_paths(Path(course_dir), assignment, student)[1].write_text(json.dumps(record, indent=1))
     return 0 if record["status"] == "graded" else 1
 
 

@@ -1,0 +1,174 @@
+"""One resource budget per submission, enforced by the Linux kernel: a cgroup, and a size-limited scratch folder.
+
+The grading worker (``moe_course.course.worker``) creates the budget before its kernel starts and removes it
+after; the sandbox launcher moves itself into the cgroup before it becomes bubblewrap, so the kernel and
+everything it starts are counted together:
+
+- ``Cgroup.create``: memory (``memory.max``, swap included; tmpfs pages the submission writes are charged to
+  it), processes and threads (``pids.max``) and an equal CPU weight for every submission, so 200 busy
+  processes of one student get the CPU share of one student. Written to the cgroup files directly (the
+  kernel's documented interface, Documentation/admin-guide/cgroup-v2.rst; cgroup v1's ``memory``, ``pids``
+  and ``cpu`` controllers where those are what the host mounts). Only where this process may create cgroups
+  (a root grader on most hosts); elsewhere ``create`` returns None and the per-process limits of ``prlimit``
+  are what holds (docs/instructors.md, "Trust").
+- ``mount_scratch``: the worker's scratch folder (the kernel's writable copy of the submission's folder, the
+  answers folder, its sockets) as a tmpfs of ``SCRATCH_BYTES`` and ``SCRATCH_INODES``, mounted with util-linux
+  ``mount`` in the worker's own mount namespace (``grade`` starts a root worker under ``unshare --mount``), so
+  that it disappears with the worker whatever happens. Root only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUPS_ENV = "MOE_COURSE_SANDBOX_CGROUPS"  # the cgroup folders the launcher joins, os.pathsep-separated
+SCRATCH_BYTES = 512 * 2**20  # the submission's writable copy, its answers and sockets together
+SCRATCH_INODES = 20_000
+CPU_WEIGHT = 100  # cgroup v2 default; every submission gets the same (v1: cpu.shares 1024)
+_V1 = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",),
+       "cpu": ("cpu.shares",)}
+
+
+def _mounts() -> list[tuple[str, str, list[str]]]:
+    """(mount point, file system type, super options) of every mount this process sees."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        dash = fields.index("-")
+        found.append((fields[4], fields[dash + 1], fields[dash + 3].split(",")))
+    return found
+
+
+def _own_paths() -> dict[str, str]:
+    """This process's cgroup path per hierarchy: {"": path} for cgroup v2, {controller: path} for v1."""
+    paths = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def _write(path: Path, value) -> None:
+    path.write_text(f"{value}\n")
+
+
+@dataclass
+class Cgroup:
+    """The cgroup folders of one submission (one for cgroup v2, one per controller for v1)."""
+
+    folders: list[Path]
+
+    @classmethod
+    def create(cls, name: str, *, memory_bytes: int, processes: int) -> "Cgroup | None":
+        """A new cgroup ``name`` below this process's own, limited to ``memory_bytes`` (bytes, swap included)
+        and ``processes`` (processes and threads), with the default CPU weight; None where this process may
+        not create one (not root, no memory or pids controller, a cgroup v2 parent that cannot delegate)."""
+        try:
+            return cls._create_v2(name, memory_bytes, processes) or cls._create_v1(name, memory_bytes, processes)
+        except OSError:
+            return None
+
+    @classmethod
+    def _create_v2(cls, name, memory_bytes, processes):
+        own = _own_paths().get("")
+        mount = next((point for point, kind, _ in _mounts() if kind == "cgroup2"), None)
+        if own is None or mount is None:
+            return None
+        parent = Path(mount) / own.lstrip("/")
+        if not {"memory", "pids"} <= set((parent / "cgroup.controllers").read_text().split()):
+            return None
+        enabled = set((parent / "cgroup.subtree_control").read_text().split())
+        if not {"memory", "pids"} <= enabled:
+            _write(parent / "cgroup.subtree_control", "+memory +pids")  # EBUSY where the parent has processes
+        folder = parent / name
+        folder.mkdir()
+        group = cls([folder])
+        try:
+            _write(folder / "memory.max", memory_bytes)
+            _write(folder / "pids.max", processes)
+            for setting, value in (("memory.swap.max", 0), ("cpu.weight", CPU_WEIGHT)):
+                if (folder / setting).exists():
+                    _write(folder / setting, value)
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    @classmethod
+    def _create_v1(cls, name, memory_bytes, processes):
+        own = _own_paths()
+        points = {}
+        for point, kind, options in _mounts():
+            for controller in _V1:
+                if kind == "cgroup" and controller in options and controller in own:
+                    points[controller] = Path(point) / own[controller].lstrip("/")
+        if not {"memory", "pids"} <= set(points):
+            return None
+        group = cls([])
+        try:
+            for controller, parent in points.items():
+                folder = parent / name
+                folder.mkdir()
+                group.folders.append(folder)
+                limit = {"memory": memory_bytes, "pids": processes, "cpu": 1024}[controller]
+                for setting in _V1[controller]:  # memsw after memory: it may not be set below it
+                    if (folder / setting).exists():
+                        _write(folder / setting, limit)
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def join(self, pid: int = 0) -> None:
+        """Move process ``pid`` (0: this one) into the cgroup; its children then start inside."""
+        for folder in self.folders:
+            _write(folder / "cgroup.procs", pid or os.getpid())
+
+    def remove(self, timeout: float = 10.0) -> None:
+        """Kill every process left in the cgroup and remove its folders (OSError is left to the caller only
+        when a folder cannot be removed within ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        for folder in self.folders:
+            while folder.exists():
+                try:
+                    pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
+                    for pid in pids:
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+                    if not pids:
+                        folder.rmdir()
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                time.sleep(0.05)
+
+    def environment(self) -> dict[str, str]:
+        """The environment entry that tells the sandbox launcher which cgroup to join."""
+        return {CGROUPS_ENV: os.pathsep.join(str(f) for f in self.folders)}
+
+
+def join_from_environment() -> None:
+    """In the sandbox launcher: join the cgroup the worker named in ``CGROUPS_ENV`` (nothing when unset)."""
+    folders = [Path(f) for f in os.environ.get(CGROUPS_ENV, "").split(os.pathsep) if f]
+    if folders:
+        Cgroup(folders).join()
+
+
+def mount_scratch(folder: Path) -> None:
+    """Mount a tmpfs of SCRATCH_BYTES and SCRATCH_INODES on ``folder`` (root, in a private mount namespace).
+    Raises OSError with mount's message when it fails."""
+    command = ["mount", "-t", "tmpfs", "-o", f"size={SCRATCH_BYTES},nr_inodes={SCRATCH_INODES},mode=0711",
+               "moe-grade", str(folder)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode:
+        raise OSError(f"cannot mount the scratch tmpfs on {folder}: {done.stderr.strip()[:200]}")

@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--image-size", type=int, default=None, help="override the preset's image size (pixels)")
     train.add_argument("--patch-size", type=int, default=None, help="override the preset's patch size (pixels)")
     train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                       help="computation dtype (parameters stay float32); auto: bfloat16 for a paper-size model on a "
+                            "GPU or TPU, float32 otherwise, and a resumed run keeps its own")
+    train.add_argument("--data-workers", type=int, default=None, metavar="N",
+                       help="processes that build the training batches (Grain workers; 0: one thread of the "
+                            "training process; default: the cores this process may use)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_routing_args(train, "train with other settings than the preset's")
     _add_scale_args(train)
@@ -178,11 +184,11 @@ def _adapted_model(init_from: str, model_config):
         raise ValueError(f"--init-from {init_from}: it holds a {type(run.model).__name__}; use a dense ViT run "
                          f"(moe-course train vit ...)")
     for field, value in dataclasses.asdict(backbone_of(model_config)).items():
-        if field != "name" and getattr(run.model_config, field) != value:
+        if field not in ("name", "dtype") and getattr(run.model_config, field) != value:
             raise ValueError(f"--init-from {init_from}: its {field}={getattr(run.model_config, field)!r} differs from "
                              f"{field}={getattr(model_config, field)!r} of {model_config.name}; adapt a ViT of the "
                              f"same architecture")
-    mod_fields = {f: getattr(model_config, f) for f in ("capacity", "router", "mod_placement", "mod_last_n")}
+    mod_fields = {f: getattr(model_config, f) for f in ("capacity", "router", "mod_placement", "mod_last_n", "dtype")}
     adapted = mod_from_vit(run.model, **mod_fields)
     adapted.config = model_config  # equal but for the name, which the run directory is named after
     return adapted
@@ -231,8 +237,11 @@ def _train(args) -> dict:
     from moe_course.recipes import recipe_for
     import jax
 
+    from moe_course.data.pipeline import check_workers, default_workers
     from moe_course.train import report_devices, train
+    from moe_course.train.precision import describe_precision, resolve_dtype
 
+    data_workers = default_workers() if args.data_workers is None else check_workers(args.data_workers)
     model_config = get_preset(args.model, args.preset)
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
@@ -254,13 +263,16 @@ def _train(args) -> dict:
     classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
     model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+    dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
+    model_config = model_config.replace(dtype=dtype)
+    print(describe_precision(model_config, why))
     init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
     final_split = _final_split(dataset)
     if mesh is not None:
         print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
-                   init_model=init_model, mesh=mesh)
+                   init_model=init_model, mesh=mesh, data_workers=data_workers)
     metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
             **metrics}

@@ -50,3 +50,26 @@ def test_bad_arguments_raise_naming_the_field():
         throughput_fields(config, -1, "float32", "cpu")
     with pytest.raises(ValueError, match="num_devices=0"):
         throughput_fields(config, 1.0, "float32", "cpu", num_devices=0)
+
+
+def test_auto_dtype_resolves_when_the_run_starts(tmp_path):
+    import json
+
+    from moe_course.train.precision import describe_precision, resolve_dtype
+
+    tiny, paper = get_preset("vit", "digits-tiny"), get_preset("vit", "deit-ti/16")
+    assert resolve_dtype("bfloat16", tiny) == ("bfloat16", "--dtype")
+    assert resolve_dtype("auto", paper, backend="cpu")[0] == "float32"
+    assert resolve_dtype("auto", tiny, backend="gpu")[0] == "float32"
+    assert resolve_dtype("auto", paper, backend="gpu") == ("bfloat16", "auto: a paper-size model on gpu")
+    assert resolve_dtype("auto", paper, backend="tpu")[0] == "bfloat16"
+    # A resumed run keeps its dtype, so the checkpoint's config check still matches; older runs were float32.
+    (tmp_path / "run.json").write_text(json.dumps({"model": {"family": "vit", "width": 192}}))
+    assert resolve_dtype("auto", paper, workdir=tmp_path, backend="gpu")[0] == "float32"
+    (tmp_path / "run.json").write_text(json.dumps({"model": {"family": "vit", "dtype": "bfloat16"}}))
+    assert resolve_dtype("auto", tiny, workdir=tmp_path, backend="cpu")[0] == "bfloat16"
+    with pytest.raises(ValueError, match="dtype='half' is not allowed"):
+        resolve_dtype("half", tiny)
+    line = describe_precision(paper.replace(dtype="bfloat16"), "auto: a paper-size model on gpu")
+    assert line == ("precision: bfloat16 computation, float32 parameters and optimizer state "
+                    "(auto: a paper-size model on gpu)")

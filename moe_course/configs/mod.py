@@ -61,8 +61,9 @@ class MoDConfig(ViTConfig):
 
 def mod_config_from_vit(vit: ViTConfig, **mod_fields) -> MoDConfig:
     """The MoD version of a dense ViT config: the same architecture (so its weights fit) plus ``mod_fields``
-    (capacity, router, mod_placement, mod_last_n). Raises ValueError for a bad field."""
-    return MoDConfig(**asdict(backbone_of(vit)), **mod_fields).validate()
+    (capacity, router, mod_placement, mod_last_n; also dtype, the computation dtype, which the weights do not
+    depend on). Raises ValueError for a bad field."""
+    return MoDConfig(**{**asdict(backbone_of(vit)), **mod_fields}).validate()
 
 
 def _preset(backbone: ViTConfig, capacity: float) -> MoDConfig:

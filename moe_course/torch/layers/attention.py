@@ -11,9 +11,11 @@ from moe_course.torch.layers.init import linear
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) per head. q, k: (batch, tokens, heads, head_dim) -> (batch, heads, q, k)."""
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
-    return torch.softmax(scores, dim=-1)
+    """softmax(q k^T / sqrt(d)) per head. q, k: (batch, tokens, heads, head_dim) -> (batch, heads, q, k) float32,
+    scores and softmax in float32 also under ``torch.autocast`` (as the JAX twin; A-MoD routes on the maps)."""
+    with torch.autocast(q.device.type, enabled=False):
+        scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores, dim=-1)
 
 
 class MultiHeadAttention(torch.nn.Module):
@@ -40,4 +42,4 @@ class MultiHeadAttention(torch.nn.Module):
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
             return self.out(y.transpose(1, 2).reshape(b, t, w))
         weights = attention_weights(q, k)
-        return self.out(torch.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, w)), weights
+        return self.out(torch.einsum("bhqk,bkhd->bqhd", weights.to(v.dtype), v).reshape(b, t, w)), weights

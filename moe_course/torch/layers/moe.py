@@ -10,6 +10,7 @@ from moe_course.layers.moe import (MoEOutput, RoutingRecord, check_group_size, n
 from moe_course.torch import routing
 from moe_course.torch.layers.experts import Experts
 from moe_course.torch.layers.init import linear
+from moe_course.torch.precision import float32_region
 from moe_course.torch.routing import apply_experts, nonfinite_tokens
 
 __all__ = ["MoEOutput", "RoutingRecord", "SparseMoE"]
@@ -29,6 +30,8 @@ class SparseMoE(torch.nn.Module):
     mode: call ``.eval()`` to compare with the JAX layer's default ``deterministic=True``. Parameters: router.weight (E, width) = the JAX router kernel
     transposed; experts as ``Experts``. check_finite=True raises ValueError naming the layer, routing group,
     token and image of the first non-finite token. Raises ValueError for a batch not a multiple of group_size.
+    Under ``torch.autocast`` the router logits, the allocation and the aux loss stay float32
+    (``moe_course.torch.precision``); dispatch, experts and combine run in the autocast dtype.
     """
 
     def __init__(self, width: int, hidden: int, num_experts: int, *, k: int = 2, capacity_ratio: float = 1.05,
@@ -56,7 +59,8 @@ class SparseMoE(torch.nn.Module):
         batch, tokens, width = x.shape
         check_group_size(batch, self.group_size)
         groups = x.reshape(batch // self.group_size, self.group_size * tokens, width)
-        logits = self.router(groups).float()  # (G, N, E)
+        with float32_region(x):
+            logits = torch.nn.functional.linear(groups.float(), self.router.weight.float())  # (G, N, E)
         bad = nonfinite_tokens(groups) | nonfinite_tokens(logits)
         if self.check_finite and bool(bad.any()):
             group = int(bad.any(dim=1).int().argmax())
@@ -65,8 +69,9 @@ class SparseMoE(torch.nn.Module):
             raise ValueError(nonfinite_message(self.layer_name).format(group=group, token=token, image=image))
         if self.training and noise is None:
             noise = torch.randn(logits.shape, generator=generator, device=logits.device)
-        routed, noisy_logits = route(routing, self, logits, noise=noise if self.training else None)
-        aux = logits.new_zeros(()) if noisy_logits is None else vmoe_aux_loss(routing, self, logits, noisy_logits)
+        with float32_region(x):
+            routed, noisy_logits = route(routing, self, logits, noise=noise if self.training else None)
+            aux = logits.new_zeros(()) if noisy_logits is None else vmoe_aux_loss(routing, self, logits, noisy_logits)
         y = torch.where(bad[..., None], torch.nan, apply_experts(groups, routed, self.experts,
                                                                  implementation=self.dispatch))
         return MoEOutput(y.reshape(batch, tokens, -1).to(x.dtype), aux, RoutingRecord.of(routed))

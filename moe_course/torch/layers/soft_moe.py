@@ -9,6 +9,7 @@ from moe_course.layers.moe import MoEOutput
 from moe_course.layers.soft_moe import SoftRoutingRecord
 from moe_course.torch.layers.experts import Experts
 from moe_course.torch.layers.init import lecun_normal_
+from moe_course.torch.precision import float32_region
 from moe_course.torch.routing import apply_soft_experts, soft_routing
 
 __all__ = ["SoftMoE", "SoftRoutingRecord"]
@@ -36,7 +37,8 @@ class SoftMoE(torch.nn.Module):
     def forward(self, x: torch.Tensor, *, generator: torch.Generator | None = None) -> MoEOutput:
         """x: (batch, tokens, width) -> MoEOutput (output of x's shape, zero aux loss, SoftRoutingRecord);
         Soft MoE Eq. 1-3 per image."""
-        routing = soft_routing(x, self.phi, self.scale)
+        with float32_region(x):  # logits, dispatch and combine softmaxes in float32 under autocast
+            routing = soft_routing(x, self.phi, self.scale)
         y = apply_soft_experts(x, routing, self.experts, self.num_experts)
         record = SoftRoutingRecord(routing.dispatch_weights, routing.combine_weights)
         return MoEOutput(y.to(x.dtype), x.new_zeros((), dtype=torch.float32), record)

@@ -44,6 +44,6 @@ class MoDViT(ViT):
                 x, weights, _ = block(x, generator=generator, return_attention=want_maps)
             maps.append(weights)
             previous = weights
-        logits = self.head(self.pool(self.norm(x)))
+        logits = self.final_logits(x)
         return ModelOutput(logits=logits, aux_loss=torch.zeros(()),
                            attention=tuple(maps) if return_attention else (), routing=tuple(records))

@@ -9,6 +9,7 @@ from moe_course.layers.block import LAYER_NORM_EPS
 from moe_course.models.output import ModelOutput
 from moe_course.torch.layers.block import EncoderBlock
 from moe_course.torch.layers.init import lecun_normal_, linear
+from moe_course.torch.precision import float32_region
 
 
 class PatchEmbed(torch.nn.Module):
@@ -33,7 +34,9 @@ class ViT(torch.nn.Module):
     forward: images (batch, channels, image_size, image_size) float32 -- NCHW, PyTorch's layout; the JAX
     model takes NHWC, ``images.permute(0, 3, 1, 2)`` -> ``ModelOutput`` (torch tensors) with logits
     (batch, num_classes) and, with ``return_attention``, one (batch, heads, tokens, tokens) map per block.
-    ``generator`` draws router noise in training mode (MoE models). Raises ValueError for an invalid config
+    ``generator`` draws router noise in training mode (MoE models). Under ``torch.autocast`` (what a config's
+    dtype="bfloat16" means here, ``moe_course.torch.precision.autocast_for``) the final LayerNorm, pooling,
+    pre-logits and head run in float32, so the logits are float32. Raises ValueError for an invalid config
     (ViTConfig.validate) and for images of another shape.
     """
 
@@ -82,6 +85,12 @@ class ViT(torch.nn.Module):
         x = x[:, 0] if self.config.pool == "cls" else x.mean(dim=1)
         return torch.tanh(self.pre_logits(x)) if self.pre_logits is not None else x
 
+    def final_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Encoder output (batch, tokens, width) -> logits (batch, classes) float32: final LayerNorm, pooling,
+        pre-logits and head with autocast off."""
+        with float32_region(x):
+            return self.head(self.pool(self.norm(x.float())))
+
     def forward(self, images: torch.Tensor, *, generator: torch.Generator | None = None,
                 return_attention: bool = False) -> ModelOutput:
         """images: (batch, channels, height, width) -> ModelOutput: logits (batch, classes), the aux loss of
@@ -94,6 +103,6 @@ class ViT(torch.nn.Module):
             if moe is not None:
                 routing.append(moe.routing)
                 aux_losses.append(moe.aux_loss)
-        logits = self.head(self.pool(self.norm(x)))
+        logits = self.final_logits(x)
         return ModelOutput(logits=logits, aux_loss=self.reduce_aux_losses(aux_losses),
                            attention=tuple(maps) if return_attention else (), routing=tuple(routing))

@@ -17,9 +17,11 @@ __all__ = ["MOD_ROUTERS", "MoDSelection", "attention_router_scores", "gather_tok
 
 def standard_router_scores(x: torch.Tensor, router_kernel: torch.Tensor) -> torch.Tensor:
     """A-MoD Eq. 1: ``r_i = x_i W_r``. x: (batch, tokens, width); router_kernel: (width,) or (width, 1) (for
-    ``torch.nn.Linear(width, 1).weight``, (1, width), also accepted). Returns (batch, tokens) float32."""
+    ``torch.nn.Linear(width, 1).weight``, (1, width), also accepted). Returns (batch, tokens) float32, computed
+    in float32 also under ``torch.autocast``."""
     check_router_inputs(x, router_kernel)
-    return torch.einsum("btd,d->bt", x, router_kernel.reshape(-1)).float()
+    with torch.autocast(x.device.type, enabled=False):
+        return torch.einsum("btd,d->bt", x.float(), router_kernel.reshape(-1).float())
 
 
 def attention_router_scores(attention: torch.Tensor) -> torch.Tensor:

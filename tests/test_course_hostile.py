@@ -4,6 +4,7 @@ assignment is a small one written here (two answers, 3 points). Needs nbgrader (
 
 import csv
 import json
+import os
 import re
 import time
 
@@ -19,6 +20,7 @@ from moe_course.course.collect import MAX_ID, student_id  # noqa: E402
 from moe_course.course.config import REPO  # noqa: E402
 
 NAME = "00_tiny"
+ROOT = os.geteuid() == 0  # as in CI: the grader then drops each kernel to an unprivileged host uid
 LONG_NAME = "\u2177" * 85  # the Roman numeral eight: 3 bytes in UTF-8, "viii" in NFKD
 CELL_TIMEOUT = 15  # s; long enough for a correct cell on a loaded 2-core machine
 MEMORY_MB = 3072  # the grading kernel's address space; JAX and the course library take about 1.6 GiB of it
@@ -68,11 +70,61 @@ def _probs(logits):
     return np.asarray(router_probabilities(logits))
 
 
+SANDBOX_WITHOUT = ("jax", "jaxlib")  # as 07_scale: the answers are NumPy, and JAX is not there to call
+
 CHECKS = {
     "probs_tests": Check(lambda rng: [(rng.normal(size=(2, 5, 4)).astype(np.float32),)], _probs, atol=1e-6),
     "double_tests": Check(lambda rng: [(rng.normal(size=5),)], lambda values: 2 * values, exact=True),
 }
 '''
+ESCAPES = """import os, _posixsubprocess
+root = os.open('/', os.O_RDONLY)  # relative to a directory fd: no audit event, so only the OS decides
+try:
+    pattern = os.read(os.open('proc/sys/kernel/core_pattern', os.O_RDONLY, dir_fd=root), 4096)
+    os.write(os.open('proc/sys/kernel/core_pattern', os.O_WRONLY, dir_fd=root), pattern)
+    print('SYSCTL-WRITTEN')
+except OSError as error:
+    print('sysctl', type(error).__name__)
+print('CAPS', [line.split()[1] for line in open('/proc/self/status') if line.startswith('CapEff')])
+errors = os.pipe()
+started = 0
+try:
+    for _ in range(700):
+        _posixsubprocess.fork_exec([b'/bin/sleep', b'5'], [b'/bin/sleep'], True, (), None, None, -1, -1, -1, -1,
+                                   -1, -1, *errors, False, True, -1, None, None, None, -1, None, False)
+        started += 1
+except OSError as error:
+    print('fork', type(error).__name__)
+print('PROCESSES', started)"""
+FILLS = """import os
+root = os.open('/', os.O_RDONLY)  # relative to a directory fd: past the in-kernel guard, to the OS's limits
+def fill(folder):
+    written = 0
+    try:
+        for index in range(40):
+            handle = os.open(f'{folder}/fill{index}', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root)
+            for _ in range(2):
+                written += os.write(handle, bytes(2**24))
+            os.close(handle)
+    except OSError:
+        pass
+    for index in range(40):
+        try:
+            os.remove(f'{folder}/fill{index}', dir_fd=root)
+        except OSError:
+            pass
+    return written // 2**20
+print('FILLED', fill('tmp'), fill('dev/shm'), fill(os.getcwd().lstrip('/')))"""
+BOMB = """import io, os, zipfile
+header = io.BytesIO()
+np.lib.format.write_array_header_1_0(header, {'descr': '<f8', 'fortran_order': False, 'shape': (2**25,)})
+os.remove('/grading/answers/probs_tests.npz')
+with zipfile.ZipFile('/grading/answers/probs_tests.npz', 'w', zipfile.ZIP_DEFLATED) as archive:
+    with archive.open('c0_0.npy', 'w', force_zip64=True) as member:
+        member.write(header.getvalue())
+        for _ in range(256):
+            member.write(bytes(2**20))
+print('BOMB', os.path.getsize('/grading/answers/probs_tests.npz'))"""
 GOOD = {"probs_answer": SOLUTION.split("### BEGIN SOLUTION\n")[1].split("    ### END")[0]}
 
 
@@ -217,6 +269,34 @@ def graded(tmp_path_factory):
              "source": "from IPython.display import HTML, Javascript, display\n"
                        "display(HTML(\"<img src='http://evil.example/b.png' onerror='alert(1)'>\"))\n"
                        "display(Javascript('alert(2)'))"}]},
+        # A root grader's kernel is an unprivileged host uid: no host sysctl written, no capability, and its
+        # process limit holds.
+        "escapes": _with(full, probs_answer=correct["probs_answer"] + "\n" + ESCAPES),
+        # Shared resources: /tmp, /dev/shm and the writable folders are bounded per submission.
+        # (a root grader's scratch folder is a tmpfs; a grader that is not root writes it to its own disk)
+        **({"fills_disks": _with(full, probs_answer=correct["probs_answer"] + "\n" + FILLS)} if ROOT else {}),
+        # What the kernel writes to its own stdout, or sends as widget messages, never reaches the batch whole.
+        "stdout_flood": _with(full, double_answer=correct["double_answer"] + "\nimport os, sys\nwritten = 0\n"
+                              "saved = sys.stdout._original_stdstream_copy  # ipykernel's copy of the real fd 1\n"
+                              "try:\n    for _ in range(80):\n        written += os.write(saved, b'x' * 2**20)\n"
+                              "except OSError as error:\n    print('STDOUT', written, type(error).__name__)"),
+        "comm_flood": _with(full, double_answer=correct["double_answer"] + "\nimport comm\n"
+                            "channel = comm.create_comm(target_name='flood')\nfor _ in range(40):\n"
+                            "    channel.send(data={'x': 'y' * 2**20})"),
+        # A recorded answer that inflates to 256 MiB from a few hundred KiB is not read.
+        "npz_bomb": _with(full, probs_answer=wrong_probs, double_answer=correct["double_answer"] + "\n" + BOMB),
+        # Trees and chains deep enough to exhaust Python's recursion, left for the grader to clean and scan.
+        "deep_tree": {**_with(full, probs_answer=correct["probs_answer"] + "\nimport os\nos.makedirs('/'.join("
+                                                           "['d'] * 2000), exist_ok=True)"),
+                      "cells": _with(full)["cells"] + [{"cell_type": "code", "execution_count": None, "id": "chain",
+                                                        "metadata": {}, "outputs": [], "source": "x" + ".a" * 1500}]},
+        "deep_json": '{"cells": [], "metadata": {"x": ' + "[" * 100_000 + "]" * 100_000 + '}, "nbformat": 4, '
+                     '"nbformat_minor": 5}',
+        # The sandbox's checks file draws the inputs and nothing else; a package the checks file hides is absent.
+        "reads_checks": _with(full, probs_answer=correct["probs_answer"] + "\nprint('CHECKS-FILE', "
+                              "open('/grading/checks.py').read())"),
+        "primitive": _with(full, double_answer="def double(x):\n    import jax.numpy as jnp\n"
+                           "    return np.asarray(jnp.multiply(x, 2))"),
         LONG_NAME: full,  # 255 bytes, 340 characters once normalised ("viii" each)
         "empty": "",
         "malformed": '{"cells": [ this is not json',
@@ -393,3 +473,59 @@ def test_grades_are_decided_outside_the_sandbox(graded):
     records = [json.loads(p.read_text()) for p in (graded["course"] / "gradebooks" / NAME).glob("*.json")]
     seeds = [r["seed"] for r in records if r["status"] == "graded"]
     assert len(seeds) > 20 and len(set(seeds)) == len(seeds), seeds  # 2**31 seeds: a repeat is a bug
+
+
+def test_a_root_graders_kernel_is_an_unprivileged_host_user(graded):
+    """No host sysctl written, no capability, the process limit held: bubblewrap's uid 65534 is an
+    unprivileged host uid -- one of the --sandbox-uid range when the grader is root -- never host root (whose
+    writes to /proc/sys succeed and whom the process limit does not bind)."""
+    from moe_course.course.sandbox import MAX_PROCESSES
+
+    assert _score(graded, "escapes") == 3.0
+    printed = _outputs(graded, "escapes", "probs_answer")
+    assert "SYSCTL-WRITTEN" not in printed and re.search(r"sysctl (PermissionError|OSError)", printed), printed
+    assert "CAPS ['0000000000000000']" in printed, printed
+    assert "fork BlockingIOError" in printed, printed
+    assert 0 < int(re.search(r"PROCESSES (\d+)", printed).group(1)) < MAX_PROCESSES, printed
+
+
+@pytest.mark.skipif(not ROOT, reason="the scratch tmpfs of one submission needs a root grader")
+def test_one_submission_cannot_fill_the_disks_of_others(graded):
+    printed = _outputs(graded, "fills_disks", "probs_answer")
+    tmp, shm, home = map(int, re.search(r"FILLED (\d+) (\d+) (\d+)", printed).groups())  # MiB
+    assert 0 < tmp <= 256 and 0 < shm <= 256 and 0 < home <= 512, printed
+    for student in ("good", "good2"):
+        assert _score(graded, student) == 3.0
+
+
+def test_what_the_kernel_floods_its_stdout_or_widgets_with_never_reaches_the_batch(graded):
+    from moe_course.course.guard import FILE_SIZE_BYTES
+
+    assert _score(graded, "stdout_flood") == 3.0  # its stdout is a file of its own, capped by the file-size limit
+    printed = _outputs(graded, "stdout_flood", "double_answer")
+    assert 0 < int(re.search(r"STDOUT (\d+) OSError", printed).group(1)) <= FILE_SIZE_BYTES, printed
+    widgets = graded["grades"]["comm_flood"]
+    assert widgets["status"] == "failed" and "OutputLimitError" in widgets["error"], widgets
+
+
+def test_a_recorded_answer_that_would_inflate_is_not_read(graded):
+    assert graded["grades"]["npz_bomb"]["status"] == "graded" and _score(graded, "npz_bomb") == 1.0
+    said = _outputs(graded, "npz_bomb", "probs_tests")
+    assert "the recorded answers were not read: the file declares" in said, said
+
+
+def test_deep_trees_chains_and_documents_cost_only_their_own_row(graded):
+    assert graded["grades"]["deep_tree"]["status"] == "graded" and _score(graded, "deep_tree") == 3.0
+    deep = graded["grades"]["deep_json"]
+    assert deep["status"] == "failed" and deep["error"] and _score(graded, "deep_json") == 0.0, deep
+
+
+def test_the_sandbox_holds_no_reference_and_not_the_primitive_it_hides(graded):
+    """The checks file in the sandbox has the inputs but no reference (nor the library call it makes), and a
+    package the assignment hides (SANDBOX_WITHOUT) cannot be imported: an answer that calls it scores 0."""
+    assert _score(graded, "reads_checks") == 3.0
+    printed = _outputs(graded, "reads_checks", "probs_answer")
+    assert "CHECKS-FILE" in printed and "rng.normal" in printed, printed
+    assert "_probs" not in printed and "router_probabilities" not in printed, printed
+    assert graded["grades"]["primitive"]["status"] == "graded" and _score(graded, "primitive") == 2.0
+    assert "ImportError" in _outputs(graded, "primitive", "double_tests")

@@ -69,9 +69,40 @@ def leaked_markers(notebook_path: Path) -> list[str]:
     return [marker for marker in SECRET_MARKERS if marker in text]
 
 
+def check_inputs_only(checks: Path, seeds=(0, 1)) -> None:
+    """Check that the sandbox's version of ``checks`` (``inputs.inputs_only``: no references) loads and draws
+    the same inputs for ``seeds`` as the whole file; raises ReleaseError naming the file and the check."""
+    import tempfile
+
+    import numpy as np
+
+    from moe_course.course.answers import check_cases, load_checks
+    from moe_course.course.inputs import hidden_packages, inputs_only
+
+    hidden_packages(checks)  # ValueError for a malformed SANDBOX_WITHOUT
+    with tempfile.TemporaryDirectory() as folder:
+        stripped = Path(folder) / checks.name
+        stripped.write_text(inputs_only(checks.read_text(), checks))
+        try:
+            sandboxed = load_checks(stripped)
+        except Exception as error:
+            raise ReleaseError(f"{checks} without its references does not load ({type(error).__name__}: {error}): "
+                               "what draws the inputs or calls the answers must not use a reference") from error
+    for grade_id, check in load_checks(checks).items():
+        for seed in seeds:
+            ours = check_cases(check, grade_id, seed)
+            theirs = check_cases(sandboxed[grade_id], grade_id, seed)
+            same = len(ours) == len(theirs) and all(
+                len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+                for a, b in zip(ours, theirs))
+            if not same:
+                raise ReleaseError(f"{checks}: the sandbox's version of {grade_id} draws other inputs for seed {seed}")
+
+
 def install_checks(solution: Path, course_dir: Path) -> Path:
     """Copy ``checks/<name>.py`` beside ``solution`` into the course (``config.checks_file``) after checking
-    that it has a check for every grade cell of the solution and nothing else; returns the copy.
+    that it has a check for every grade cell of the solution and nothing else, and that its sandbox version
+    (without references) draws the same inputs (``check_inputs_only``); returns the copy.
     Raises ReleaseError naming the file and the grade cells that differ."""
     from moe_course.course.answers import load_checks
 
@@ -86,6 +117,7 @@ def install_checks(solution: Path, course_dir: Path) -> Path:
     if graded != defined:
         raise ReleaseError(f"{checks} must define one check per grade cell of {solution}: missing "
                            f"{sorted(graded - defined)}, unknown {sorted(defined - graded)}")
+    check_inputs_only(checks)
     target = checks_file(course_dir, name)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(checks, target)

@@ -32,6 +32,7 @@ worker (``output_cap.CappedExecute``) and the batch.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import stat
@@ -42,6 +43,7 @@ from pathlib import Path
 from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
 
 SCRATCH_ENV = "MOE_COURSE_SANDBOX_SCRATCH"  # set by the worker: its private folder for this submission
+SANDBOX_CHECKS_ENV = "MOE_COURSE_SANDBOX_CHECKS"  # set by the worker: the checks without references (inputs.py)
 SANDBOX_UID_ENV = "MOE_COURSE_SANDBOX_UID"  # set by a root grader: the host uid the kernel runs as
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
 TMPFS_BYTES = 256 * 2**20  # the sandbox's /tmp and /dev/shm, each
@@ -58,6 +60,7 @@ _ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd
 _KERNEL_ENV = ("MPLBACKEND", "JAX_PLATFORMS", "XLA_FLAGS", "PYTHONDONTWRITEBYTECODE", "LANG", "LC_ALL", SEED_ENV)
 ANSWERS_INSIDE, CHECKS_INSIDE = "/grading/answers", "/grading/checks.py"
 RUNTIME_MODULES = ("course/kernel.py", "course/guard.py", "course/answers.py")  # all of moe_course inside
+HIDDEN_INIT = 'raise ImportError("this package is not in the grading sandbox of this assignment")\n'
 
 
 def drop_privileges(uid: int | None) -> list[str]:
@@ -120,12 +123,15 @@ def runtime_package(target: Path) -> Path:
 
 def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: Path, *, runtime: Path,
                answers: Path, checks: Path, memory_bytes: int, cpu_seconds: int, file_size_bytes: int,
-               env: dict[str, str], connection_copy: Path | None = None) -> list[str]:
+               env: dict[str, str], connection_copy: Path | None = None,
+               hidden: tuple[list[Path], Path] = ([], Path())) -> list[str]:
     """The ``bwrap`` command that runs the grading kernel (see the module docstring).
 
     home: the submission's folder (where nbgrader starts the kernel; the path it has inside the sandbox);
     private_home: its writable copy, bound there; connection_file: this kernel's (read-only inside; bound from
-    ``connection_copy`` when given, a copy the sandbox's host uid may read);
+    ``connection_copy`` when given, a copy the sandbox's host uid may read); hidden: (package folders, a file):
+    each folder is replaced by an empty tmpfs whose ``__init__.py`` is that file (HIDDEN_INIT: importing the
+    package raises ImportError);
     sockets: the folder of its Unix sockets (writable); runtime: the ``runtime_package`` bound where the
     ``moe_course`` package is; answers: the folder for ``answers.record`` (writable); checks: the checks
     file; memory_bytes, cpu_seconds, file_size_bytes: the limits (bytes, s, bytes); env: the kernel's whole
@@ -146,6 +152,9 @@ def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: P
              "--size", str(TMPFS_BYTES), "--tmpfs", "/dev/shm"]
     for folder in python_folders():
         argv += ["--ro-bind", str(folder), str(folder)]
+    folders, refusal = hidden
+    for folder in folders:
+        argv += ["--tmpfs", str(folder), "--ro-bind", str(refusal), str(folder / "__init__.py")]
     package = package_folder()
     argv += ["--ro-bind", str(runtime), str(package),
              "--bind", str(answers), ANSWERS_INSIDE, "--ro-bind", str(checks), CHECKS_INSIDE,
@@ -161,6 +170,16 @@ def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: P
              f"--nofile={MAX_OPEN_FILES}", f"--nproc={MAX_PROCESSES}", "--core=0", "--",
              sys.executable, "-m", "moe_course.course.kernel", "-f", str(connection_file)]
     return argv
+
+
+def package_folders(names) -> list[Path]:
+    """The folders of the installed top-level packages ``names`` (found, not imported; absent ones left out)."""
+    folders = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations:
+            folders += [Path(p).resolve() for p in spec.submodule_search_locations]
+    return folders
 
 
 def private_copy(home: Path, target: Path, owner: int | None = None) -> Path:
@@ -192,6 +211,7 @@ def private_copy(home: Path, target: Path, owner: int | None = None) -> Path:
 def main(argv: list[str] | None = None) -> None:
     """Launcher (the kernelspec's argv): ``python -m moe_course.course.sandbox CONNECTION_FILE``; execs bwrap."""
     from moe_course.course import budget, guard
+    from moe_course.course.inputs import hidden_packages
 
     connection_file = Path((sys.argv[1:] if argv is None else argv)[0]).resolve()
     scratch = os.environ.get(SCRATCH_ENV)
@@ -203,8 +223,10 @@ def main(argv: list[str] | None = None) -> None:
     private_home = private_copy(home, Path(scratch) / f"home-{os.getpid()}", owner=uid)
     connection_copy = Path(scratch) / f"connection-{os.getpid()}.json"
     shutil.copyfile(connection_file, connection_copy)
-    checks_copy = Path(scratch) / f"checks-{os.getpid()}.py"  # the course folder may be closed to that uid
-    shutil.copyfile(os.environ[CHECKS_ENV], checks_copy)
+    checks_copy = Path(scratch) / f"checks-{os.getpid()}.py"  # without references; bound from here, as the
+    shutil.copyfile(os.environ[SANDBOX_CHECKS_ENV], checks_copy)  # course folder may be closed to that uid
+    refusal = Path(scratch) / f"hidden-{os.getpid()}.py"
+    refusal.write_text(HIDDEN_INIT)
     if uid is not None:
         os.chown(connection_copy, uid, uid)
     env = {name: os.environ[name] for name in (*_KERNEL_ENV, guard.PROTECT_ENV, guard.MEMORY_ENV, guard.CPU_ENV)
@@ -214,7 +236,8 @@ def main(argv: list[str] | None = None) -> None:
                          answers=Path(os.environ[ANSWERS_ENV]), checks=checks_copy,
                          memory_bytes=int(env.get(guard.MEMORY_ENV, guard.DEFAULT_MEMORY_BYTES)),
                          cpu_seconds=int(env.get(guard.CPU_ENV, guard.DEFAULT_CPU_SECONDS)),
-                         file_size_bytes=guard.FILE_SIZE_BYTES, env=env, connection_copy=connection_copy)
+                         file_size_bytes=guard.FILE_SIZE_BYTES, env=env, connection_copy=connection_copy,
+                         hidden=(package_folders(hidden_packages(checks_copy)), refusal))
     output = os.open(Path(scratch) / KERNEL_OUTPUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     for stream in (1, 2):
         os.dup2(output, stream)

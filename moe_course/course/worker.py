@@ -27,7 +27,7 @@ from pathlib import Path
 from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
 from moe_course.course.config import Limits, checks_file, course_paths, nbgrader_config
 from moe_course.course.kernel import KERNEL_NAME
-from moe_course.course.sandbox import MAX_PROCESSES, SANDBOX_UID_ENV, SCRATCH_ENV
+from moe_course.course.sandbox import MAX_PROCESSES, SANDBOX_CHECKS_ENV, SANDBOX_UID_ENV, SCRATCH_ENV
 from moe_course.course.verdict import VERDICTS_ENV
 
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
@@ -83,7 +83,8 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
 def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int) -> dict:
     """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
 
-    The kernel's sockets, the answers its hidden tests record (``answers.record``, judged here by
+    The kernel gets the checks without their references (``inputs.inputs_only``). The kernel's sockets, the
+    answers its hidden tests record (``answers.record``, judged here by
     ``verdict.score_outside`` after the kernel ended), its stdout/stderr and (in the sandbox) its private copy
     of the submission's folder live in a scratch folder of this process's own, removed afterwards. Where the
     batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), that folder is a tmpfs of
@@ -94,6 +95,7 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     from nbgrader.apps import NbGraderAPI
 
     from moe_course.course.budget import Cgroup, mount_scratch
+    from moe_course.course.inputs import inputs_only
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
@@ -108,10 +110,12 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
             (scratch / folder).mkdir()
             if uid is not None:
                 os.chown(scratch / folder, uid, uid)
-        verdicts = scratch / "verdicts.json"
+        verdicts, checks = scratch / "verdicts.json", checks_file(course_dir, assignment)
+        (scratch / "inputs.py").write_text(inputs_only(checks.read_text(), checks))
         os.environ.update({SCRATCH_ENV: str(scratch), ANSWERS_ENV: str(scratch / "answers"),
-                           CHECKS_ENV: str(checks_file(course_dir, assignment)), SEED_ENV: str(seed),
-                           VERDICTS_ENV: str(verdicts), **(cgroup.environment() if cgroup else {})})
+                           CHECKS_ENV: str(checks), SANDBOX_CHECKS_ENV: str(scratch / "inputs.py"),
+                           SEED_ENV: str(seed), VERDICTS_ENV: str(verdicts),
+                           **(cgroup.environment() if cgroup else {})})
         config = nbgrader_config(course_dir, db=db, limits=limits, kernel_name=KERNEL_NAME, sockets=scratch / "ipc")
         outcome = NbGraderAPI(config=config).autograde(assignment, student, force=True, create=True)
         return {**outcome, "verdicts": json.loads(verdicts.read_text())} if verdicts.exists() else outcome
@@ -155,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         record = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0,
                   "max_score": None, "cells": {}, "seconds": None,
                   "error": f"grading failed: {type(error).__name__}: {str(error)[:200]}"}
-        record_paths(Path(course_dir), assignment, student)[1].write_text(json.dumps(record, indent=1))
+        result = record_paths(Path(course_dir), assignment, student)[1]
+        result.parent.mkdir(parents=True, exist_ok=True)
+        result.write_text(json.dumps(record, indent=1))
     return 0 if record["status"] == "graded" else 1
 
 

@@ -2,8 +2,9 @@
 
 Runs in two places: in the grading sandbox (only ``cases`` and ``call``: the inputs, drawn from the grading
 seed, with NumPy alone) and in the grader (``reference``, with the library: ``moe_course.models.vit`` for the
-patches and the patch embedding, ``moe_course.layers.attention`` and the ``jax.nn.dot_product_attention`` its
-attention layer calls for the attention). See ``moe_course.course.answers``.
+patches and the patch embedding, ``moe_course.layers.attention`` for the attention weights and the mixing of
+the values). The sandbox gets this file without the references (``moe_course.course.inputs``). See
+``moe_course.course.answers``.
 """
 
 import numpy as np
@@ -62,29 +63,26 @@ def _weights(q, k):
     return np.asarray(attention_weights(q, k))
 
 
-# 4. attend: the weights are softmax(q k^T / sqrt(d)), computed in the sandbox (``call``) from the drawn
-# q, k; attend(weights, v) must then give what jax.nn.dot_product_attention(q, k, v) gives (what the
-# library's MultiHeadAttention calls), also with fewer queries than keys.
+# 4. attend: weights drawn as random rows that sum to 1 (Dirichlet draws: nothing here computes attention
+# weights, which an answer could otherwise call) and values v, also with fewer queries than keys; the reference
+# mixes them as the library's MultiHeadAttention does when it returns its maps (moe_course.layers.attention).
 def _attend_cases(rng):
-    return [tuple(_normal(rng, 2, 5, 2, 4) for _ in range(3)),
-            (_normal(rng, 2, 4, 3, 5), _normal(rng, 2, 6, 3, 5), _normal(rng, 2, 6, 3, 5))]
+    cases = []
+    for batch, queries, keys, heads, dim in ((2, 5, 5, 2, 4), (2, 4, 6, 3, 5)):
+        weights = rng.dirichlet(np.ones(keys), size=(batch, heads, queries)).astype(np.float32)
+        cases.append((weights, _normal(rng, batch, keys, heads, dim)))
+    return cases
 
 
-def _attend_call(attend, q, k, v):
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.float32(np.sqrt(q.shape[-1]))
-    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    return attend(weights / weights.sum(axis=-1, keepdims=True), v)
+def _attend(weights, v):
+    import jax.numpy as jnp
 
-
-def _attend(q, k, v):
-    import jax
-
-    return np.asarray(jax.nn.dot_product_attention(q, k, v))
+    return np.asarray(jnp.einsum("bhqk,bkhd->bqhd", weights, v))
 
 
 CHECKS = {
     "patchify_tests": Check(_patchify_cases, _patchify, exact=True),
     "embed_tests": Check(_embed_cases, _embed, rtol=1e-4, atol=1e-5),
     "weights_tests": Check(_weights_cases, _weights, rtol=1e-4, atol=1e-6),
-    "attend_tests": Check(_attend_cases, _attend, rtol=1e-4, atol=1e-5, call=_attend_call),
+    "attend_tests": Check(_attend_cases, _attend, rtol=1e-4, atol=1e-5),
 }

@@ -71,24 +71,12 @@ def _bpr(expert_index, gates, capacity, num_experts, score):
     return np.asarray(allocation.slot)
 
 
-def _allocated_slots(rng, groups, tokens, k, num_experts, capacity):
-    """Slots as an allocation leaves them (-1 = dropped): k distinct experts per token, buffers filled
-    K-major (every TOP-1 choice before any TOP-2 choice) with the tokens in a random priority order."""
-    expert_index = np.argsort(rng.normal(size=(groups, tokens, num_experts)), axis=-1)[..., :k]
-    order = np.argsort(rng.random((groups, tokens)), axis=1)  # order[g, r]: the token processed r-th
-    in_order = np.take_along_axis(expert_index, order[..., None], axis=1)
-    choices = np.swapaxes(in_order, 1, 2).reshape(groups, k * tokens)  # K-major
-    taken = np.cumsum(choices[..., None] == np.arange(num_experts), axis=1)  # (groups, k*tokens, experts)
-    position = np.take_along_axis(taken, choices[..., None], axis=2)[..., 0] - 1
-    slot = np.swapaxes(np.where(position < capacity, position, -1).reshape(groups, k, tokens), 1, 2)
-    rank = np.argsort(order, axis=1)  # back to token order
-    return np.take_along_axis(slot, rank[..., None], axis=1)
-
-
 def _dropped_cases(rng):
-    # k = 1 as the old hidden test; with k = 2 only the TOP-1 column counts (the TOP-2 one drops more)
-    return [(_allocated_slots(rng, 4, 16, 1, 4, 2),), (_allocated_slots(rng, 4, 16, 2, 4, 3),),
-            (_allocated_slots(rng, 3, 10, 2, 5, 1),)]
+    # Slots as an allocation leaves them, -1 (dropped) or a place in the buffer, drawn directly: nothing here
+    # allocates, which an answer could otherwise call. k = 1 as the old hidden test; with k = 2 only the TOP-1
+    # column counts.
+    return [(rng.integers(-1, capacity, size=(groups, tokens, k)).astype(np.int32),)
+            for groups, tokens, k, capacity in ((4, 16, 1, 2), (4, 16, 2, 3), (3, 10, 2, 1))]
 
 
 def _dropped(slots):

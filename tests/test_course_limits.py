@@ -1,0 +1,116 @@
+"""The grader's own limits, without a batch: the checks the sandbox gets (no references), the uids a root grader
+drops to, the cgroup of one submission, widget messages in the output cap, and failures that stay in one row.
+The hostile batch (tests/test_course_hostile.py) checks the same through the real commands."""
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moe_course.course import build, grade, inputs
+from moe_course.course.answers import load_checks
+from moe_course.course.config import SOLUTIONS
+
+CHECKS = sorted((SOLUTIONS / "checks").glob("*.py"))
+
+
+@pytest.mark.parametrize("checks", CHECKS, ids=[c.stem for c in CHECKS])
+def test_the_sandbox_gets_each_checks_file_without_its_references(checks, tmp_path):
+    stripped = inputs.inputs_only(checks.read_text(), checks)
+    for grade_id, check in load_checks(checks).items():
+        if check.reference.__name__ != "<lambda>":
+            assert f"def {check.reference.__name__}(" not in stripped, (grade_id, check.reference.__name__)
+    imported = {node.module for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.Import)
+                 for alias in node.names}
+    assert imported <= {"numpy", "moe_course.course.answers"}, imported  # nothing of the course library
+    build.check_inputs_only(checks)  # it loads, and draws the inputs the whole file draws
+    (tmp_path / "inputs.py").write_text(stripped)
+    assert all(check.reference is None for check in load_checks(tmp_path / "inputs.py").values())
+
+
+def test_a_checks_file_can_hide_a_package_from_the_sandbox(tmp_path):
+    assert inputs.hidden_packages(SOLUTIONS / "checks" / "07_scale.py") == ("jax", "jaxlib")
+    assert inputs.hidden_packages(SOLUTIONS / "checks" / "01_vit.py") == ()
+    bad = tmp_path / "bad.py"
+    bad.write_text("SANDBOX_WITHOUT = 'jax'\nCHECKS = {}\n")
+    with pytest.raises(ValueError, match="bad.py: SANDBOX_WITHOUT must be a tuple of package names"):
+        inputs.hidden_packages(bad)
+
+
+def test_a_root_grader_drops_to_uids_that_belong_to_nobody():
+    assert grade.sandbox_uids(60000, 3) == [60000, 60001, 60002]
+    with pytest.raises(ValueError, match="sandbox_uid=0 is not allowed; use a host uid from 1000"):
+        grade.sandbox_uids(0, 2)
+    with pytest.raises(ValueError, match=r"host uid 65534 is the user 'nobody'.*--sandbox-uid"):
+        grade.sandbox_uids(65533, 2)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs a root grader")
+def test_a_submissions_cgroup_caps_its_processes_together_and_is_removed():
+    from moe_course.course.budget import Cgroup
+
+    group = Cgroup.create(f"moe-grade-test-{os.getpid()}", memory_bytes=256 * 2**20, processes=8)
+    if group is None:
+        pytest.skip("this host lets no process create cgroups")
+    try:
+        # 20 children of one process inside the cgroup: the limit of 8 is for all of them together
+        script = ("import os, time\nstarted = 0\ntry:\n    for _ in range(20):\n        if os.fork() == 0:\n"
+                  "            time.sleep(2)\n            os._exit(0)\n        started += 1\nexcept OSError:\n    pass\n"
+                  "print(started)")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                              preexec_fn=group.join)
+        assert 0 < int(done.stdout) < 8, done
+    finally:
+        group.remove()
+    assert not any(folder.exists() for folder in group.folders)
+
+
+def test_widget_messages_count_toward_the_output_cap():
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+    from moe_course.course.output_cap import CappedExecute, OutputLimitError
+
+    executor = CappedExecute(output_bytes=1000)
+    executor._sent = 0
+    with pytest.raises(OutputLimitError, match="passed the limit of 1000 bytes"):
+        executor.process_message({"msg_type": "comm_msg", "content": {"data": {"x": "y" * 2000}}}, None, 0)
+
+
+def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path, monkeypatch):
+    from moe_course.course import worker
+
+    def deep(*args):
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(worker, "grade_submission", deep)
+    monkeypatch.setattr(worker, "course_paths", lambda course: {"gradebooks": tmp_path})
+    assert worker.main([str(tmp_path), "01_vit", "ann", "60", str(2**30), "60", str(2**20)]) == 1
+    record = json.loads((tmp_path / "01_vit" / "ann.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("grading failed: RecursionError"), record
+
+
+def test_a_tree_deeper_than_python_recurses_is_removed(tmp_path):
+    from moe_course.course.worker import remove_tree
+
+    deep = tmp_path / "scratch"
+    subprocess.run(["mkdir", "-p", str(deep / "/".join(["d"] * 1500))], check=True)  # os.makedirs recurses
+    remove_tree(deep)
+    assert not deep.exists()
+
+
+def test_the_submission_folder_copied_into_the_sandbox_is_bounded(tmp_path, monkeypatch):
+    from moe_course.course import sandbox
+
+    monkeypatch.setattr(sandbox, "MAX_COPY_DEPTH", 3)
+    home = tmp_path / "home"
+    os.makedirs(home / "a" / "b" / "c" / "d" / "e")
+    (home / "notebook.ipynb").write_text("{}")
+    (home / "a" / "b" / "c" / "d" / "deep.txt").write_text("x")
+    copy = sandbox.private_copy(home, tmp_path / "copy")
+    assert (copy / "notebook.ipynb").read_text() == "{}" and (copy / "a" / "b" / "c").is_dir()
+    assert not (copy / "a" / "b" / "c" / "d").exists()
+    assert sorted(p.name for p in Path(copy).iterdir()) == ["a", "notebook.ipynb"]

@@ -1,7 +1,8 @@
 """The one batch format every dataset in the course yields, and the epoch iterator over it.
 
 A batch is a dict of numpy arrays:
-  ``image``: (batch, height, width, channels) float32 in [0, 1];
+  ``image``: (batch, height, width, channels) float32 in [0, 1] -- or uint8 in [0, 255] from ``get_uint8``,
+  the form the training input pipeline (``data.pipeline``) hands to the device, which scales it there;
   ``label``: (batch,) int32 class index in [0, num_classes).
 
 Every dataset is random-access: ``dataset.get(split, indices, epoch=e)`` builds the examples with those
@@ -41,6 +42,11 @@ class ImageDataset(Protocol):
         examples (fresh augmentation or canvases)."""
         ...
 
+    # Optional, defined by the course's own datasets (``training_batch`` falls back to ``get`` without it):
+    # get_uint8(split, indices, *, epoch=0, augment=False) -> the same batch with "image" uint8 in [0, 255]
+    # (a quarter of the bytes); ``augment`` asks for the training augmentation of ``epoch`` where the dataset
+    # has one (image folders: Inception crop and flip).
+
 
 def check_split(dataset: ImageDataset, split: str) -> None:
     """Raises ValueError when ``split`` is not one the dataset has."""
@@ -76,18 +82,44 @@ def steps_per_epoch(dataset: ImageDataset, batch_size: int) -> int:
     return steps
 
 
+def batch_indices(num_examples: int, batch_size: int, *, seed: int, step: int,
+                  order: np.ndarray | None = None) -> tuple[int, np.ndarray]:
+    """(epoch, (batch_size,) int64 example indices) of training batch ``step`` (0-based): the ``step``-th slice of
+    the epoch orders of ``epoch_order``, the last partial batch of each epoch dropped. ``order``: that epoch's
+    order when the caller already has it."""
+    epoch, within = divmod(step, num_examples // batch_size)
+    order = epoch_order(num_examples, seed=seed, epoch=epoch) if order is None else order
+    return epoch, order[within * batch_size : (within + 1) * batch_size]
+
+
+def training_batch(dataset: ImageDataset, indices: np.ndarray, *, epoch: int) -> dict[str, np.ndarray]:
+    """Training examples ``indices`` of ``epoch`` as the input pipeline feeds them: ``get_uint8`` with the
+    training augmentation where the dataset's class defines it (image uint8), else ``get`` (image as ``get``
+    gives it, e.g. float32). Looked up on the class, so a wrapper that overrides only ``get`` keeps its ``get``."""
+    if callable(getattr(type(dataset), "get_uint8", None)):
+        return dataset.get_uint8("train", indices, epoch=epoch, augment=True)
+    return dataset.get("train", indices, epoch=epoch)
+
+
+def to_uint8(images: np.ndarray) -> np.ndarray:
+    """float images in [0, 1] -> uint8 in [0, 255], rounded to the nearest level (same shape)."""
+    return (np.clip(images, 0.0, 1.0) * np.float32(255) + np.float32(0.5)).astype(np.uint8)
+
+
 def train_batches(
     dataset: ImageDataset, batch_size: int, *, seed: int, start_step: int = 0
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Endless training batches from global step ``start_step`` on; batch ``s`` depends only on (seed, s)."""
+    """Endless training batches (``get``: float32 images, no augmentation) from global step ``start_step`` on, in
+    this thread; batch ``s`` depends only on (seed, s). The training loop reads ``data.pipeline`` instead."""
     check_split(dataset, "train")
     per_epoch = steps_per_epoch(dataset, batch_size)
+    n = dataset.split_size("train")
     step = start_step
     while True:
-        epoch, within = divmod(step, per_epoch)
-        order = epoch_order(dataset.split_size("train"), seed=seed, epoch=epoch)
-        for i in range(within, per_epoch):
-            yield dataset.get("train", order[i * batch_size : (i + 1) * batch_size], epoch=epoch)
+        order = epoch_order(n, seed=seed, epoch=step // per_epoch)
+        for _ in range(step % per_epoch, per_epoch):
+            epoch, indices = batch_indices(n, batch_size, seed=seed, step=step, order=order)
+            yield dataset.get("train", indices, epoch=epoch)
             step += 1
 
 

@@ -13,7 +13,7 @@ renamed or linked to ``train/``): a JSON object with an ``"images"`` list of ``{
 Each (image, caption) pair is one example, in file order; an image with five captions gives five examples.
 Everything is checked in the constructor -- the files parse, every caption names an image that exists --
 and each problem raises one ``DataError`` naming the path (and line) and what was expected. Pixels are read
-in ``get`` (``folders.load_image``: shorter side resized, center crop). The data has no class labels:
+in ``get`` (``folders.read_image``: shorter side resized, center crop; Inception crops for training). The data has no class labels:
 ``label`` is -1 and ``num_classes`` 0, so zero-shot classification does not apply; retrieval does.
 The subword tokenizer is trained on the training captions (deterministic) unless one is passed.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from moe_course.data.base import SPLITS, DataError, check_indices
-from moe_course.data.folders import load_image
+from moe_course.data.folders import read_images
 from moe_course.data.tokenizer import SubwordTokenizer
 
 FORMATS = (".json", ".tsv")
@@ -92,6 +92,7 @@ class ImageCaptions:
     Batches: ``image`` (n, S, S, 3) float32 in [0, 1], ``label`` (n,) int32 = -1, ``caption`` (n,) str,
     ``text`` (n, seq_len) int32, ``text_mask`` (n, seq_len) bool (see ``data.captioned``).
     tokenizer: a ``SubwordTokenizer``, or None to train one with ``vocab_size`` pieces on the training captions.
+    seed: draws the training crops of the input pipeline (``get_uint8(..., augment=True)``).
     Raises DataError (constructor) for a missing or malformed caption file, a missing image folder, or a
     caption that names a missing image; in ``get`` for an unreadable image. ValueError for bad sizes.
     """
@@ -100,14 +101,14 @@ class ImageCaptions:
     class_names: tuple[str, ...] = ()
 
     def __init__(self, root: str | os.PathLike, *, image_size: int = 224, tokenizer: SubwordTokenizer | None = None,
-                 seq_len: int = 16, vocab_size: int = 8000, name: str = "captions"):
+                 seq_len: int = 16, vocab_size: int = 8000, name: str = "captions", seed: int = 0):
         if image_size < 1:
             raise ValueError(f"image_size={image_size} is not allowed; use a side of at least 1 pixel")
         root = Path(root)
         if not root.is_dir():
             raise DataError(f"{root}: {'is not a folder' if root.exists() else 'does not exist'}; expected a folder "
                             "with train.json/.tsv, val.json/.tsv and the train/, val/ image folders")
-        self.root, self.name = root, name
+        self.root, self.name, self.seed = root, name, seed
         self.image_shape = (image_size, image_size, 3)
         self._files: dict[str, list[str]] = {}
         self._captions: dict[str, list[str]] = {}
@@ -137,11 +138,18 @@ class ImageCaptions:
 
     def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
         """Examples ``indices`` of ``split`` in the image-text batch format; ``epoch`` is unused."""
+        batch = self.get_uint8(split, indices)
+        return {**batch, "image": batch["image"].astype(np.float32) / 255.0}
+
+    def get_uint8(self, split: str, indices: np.ndarray, *, epoch: int = 0, augment: bool = False
+                  ) -> dict[str, np.ndarray]:
+        """``get``'s batch with "image" (n, S, S, 3) uint8 in [0, 255]. ``augment``: the Inception crop of
+        ``folders.read_image`` drawn from (``seed``, ``epoch``, index), without the flip (a caption may say
+        "left" or "right")."""
         indices = check_indices(self, split, indices)
-        size = self.image_shape[0]
-        images = np.empty((len(indices), size, size, 3), np.float32)
-        for row, index in enumerate(indices):
-            images[row] = load_image(self._files[split][index], size)
+        seeds = [(self.seed, epoch, int(i)) for i in indices] if augment else None
+        images = read_images([self._files[split][i] for i in indices], self.image_shape[0], augment_seeds=seeds,
+                             flip=False)
         captions = [self._captions[split][i] for i in indices]
         text, text_mask = self.tokenizer.encode(captions)
         return {"image": images, "label": np.full(len(indices), -1, np.int32),

@@ -80,7 +80,16 @@ class CaptionedDigits:
     def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
         """Examples ``indices`` of ``split``: the digits' batch (image, label, box) plus caption, text, text_mask."""
         indices = check_indices(self.digits, split, indices)
-        batch = self.digits.get(split, indices, epoch=epoch)
+        return self._with_captions(split, indices, self.digits.get(split, indices, epoch=epoch), epoch)
+
+    def get_uint8(self, split: str, indices: np.ndarray, *, epoch: int = 0, augment: bool = False
+                  ) -> dict[str, np.ndarray]:
+        """``get``'s batch with "image" uint8 in [0, 255] (``ClutteredDigits.get_uint8``)."""
+        indices = check_indices(self.digits, split, indices)
+        batch = self.digits.get_uint8(split, indices, epoch=epoch, augment=augment)
+        return self._with_captions(split, indices, batch, epoch)
+
+    def _with_captions(self, split: str, indices: np.ndarray, batch: dict, epoch: int) -> dict[str, np.ndarray]:
         captions = self.captions_for(split, indices, batch["label"], batch["box"], epoch=epoch)
         text, text_mask = self.tokenizer.encode(captions)
         return {**batch, "caption": np.asarray(captions, dtype=str), "text": text, "text_mask": text_mask}

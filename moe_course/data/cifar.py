@@ -264,6 +264,13 @@ class Cifar:
 
         ``epoch`` is unused (no augmentation). ValueError for an unknown/empty split or out-of-range index.
         """
+        batch = self.get_uint8(split, indices)
+        return {**batch, "image": batch["image"].astype(np.float32) / 255.0}
+
+    def get_uint8(self, split: str, indices: np.ndarray, *, epoch: int = 0, augment: bool = False
+                  ) -> dict[str, np.ndarray]:
+        """``get``'s batch with "image" (n, S, S, 3) uint8 in [0, 255]; ``epoch`` and ``augment`` change nothing
+        (the CIFAR recipes here train without augmentation)."""
         indices = check_indices(self, split, indices)
         images = self._images[split][indices]
         size = self.image_shape[0]
@@ -272,7 +279,7 @@ class Cifar:
             for row, image in enumerate(images):
                 resized[row] = np.asarray(Image.fromarray(image).resize((size, size), Image.BILINEAR))
             images = resized
-        return {"image": images.astype(np.float32) / 255.0, "label": self._labels[split][indices]}
+        return {"image": images, "label": self._labels[split][indices]}
 
 
 def _sort_key(group: str) -> tuple[int, str]:

@@ -26,7 +26,7 @@ from functools import cached_property
 import numpy as np
 from PIL import Image
 
-from moe_course.data.base import SPLITS, check_indices, check_split
+from moe_course.data.base import SPLITS, check_indices, check_split, to_uint8
 
 CLASS_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
@@ -222,7 +222,23 @@ class ClutteredDigits:
             return self._render(split, indices, draw_epoch)
         return {name: values[indices] for name, values in rendered.items()}
 
+    def get_uint8(self, split: str, indices: np.ndarray, *, epoch: int = 0, augment: bool = False
+                  ) -> dict[str, np.ndarray]:
+        """``get``'s batch with "image" (n, S, S, 1) uint8 in [0, 255] (``base.to_uint8``). ``augment`` changes
+        nothing: fresh training canvases every epoch are this dataset's augmentation."""
+        batch = self.get(split, indices, epoch=epoch)
+        return {**batch, "image": to_uint8(batch["image"])}
+
     cache_bytes = 128 * 2**20
+
+    def __getstate__(self) -> dict:
+        # A pickled copy (an input-pipeline worker process) draws only the canvases it is asked for: whole-epoch
+        # renders would be repeated by every worker. The drawing itself is the same, so the canvases are too.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_cache_lock", "_scaled")}
+        return {**state, "cache_bytes": 0}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _cache=OrderedDict(), _cache_lock=threading.Lock())
 
     def _rendered(self, split: str, draw_epoch: int) -> dict[str, np.ndarray] | None:
         """The whole split as drawn in ``draw_epoch``, from the cache; None when it exceeds ``cache_bytes``."""

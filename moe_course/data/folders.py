@@ -15,12 +15,14 @@ the pixels are read in ``get``, so a corrupt image fails there, naming the file.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
+from moe_course.data.augment import example_rng, flip_left_right, inception_crop_box
 from moe_course.data.base import SPLITS, DataError, check_indices
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
@@ -71,23 +73,38 @@ def _scan_split(split_dir: Path, class_index: dict[str, int]) -> tuple[list[str]
     return paths, np.asarray(labels, np.int32)
 
 
-def load_image(path: str, image_size: int) -> np.ndarray:
-    """The image file at ``path`` as RGB, shorter side resized (bilinear) to ``image_size`` then center-cropped.
+def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = None, flip: bool = True
+               ) -> np.ndarray:
+    """The image file at ``path`` as RGB pixels, (image_size, image_size, 3) uint8.
 
-    Returns (image_size, image_size, 3) float32 in [0, 1]. Raises DataError naming the file when it cannot
-    be read as an image.
+    Without ``rng`` (evaluation): shorter side resized (bilinear) to ``image_size``, then the center crop.
+    With ``rng`` (training): the Inception-style random-resized crop (``augment.inception_crop_box``: 8-100% of
+    the area, aspect 3/4-4/3) resized to ``image_size``, then (with ``flip``) a horizontal flip with probability
+    1/2, every draw from ``rng``. A JPEG is decoded at a reduced scale (PIL ``Image.draft``: 1/2, 1/4 or 1/8) wherever the box
+    still has at least ``image_size`` pixels per side at that scale. Raises DataError naming the file when it
+    cannot be read as an image.
     """
     try:
         with Image.open(path) as image:
-            image.draft("RGB", (image_size, image_size))  # JPEG: decode at a reduced scale >= the target
-            image = image.convert("RGB")
             width, height = image.size
-            scale = image_size / min(width, height)
-            new_w, new_h = max(image_size, round(width * scale)), max(image_size, round(height * scale))
-            image = image.resize((new_w, new_h), Image.BILINEAR)
-            left, top = (new_w - image_size) // 2, (new_h - image_size) // 2
-            image = image.crop((left, top, left + image_size, top + image_size))
-            return np.asarray(image, dtype=np.float32) / 255.0
+            if rng is None:
+                image.draft("RGB", (image_size, image_size))  # JPEG: decode at a reduced scale >= the target
+                image = image.convert("RGB")
+                width, height = image.size
+                scale = image_size / min(width, height)
+                new_w, new_h = max(image_size, round(width * scale)), max(image_size, round(height * scale))
+                image = image.resize((new_w, new_h), Image.BILINEAR)
+                left, top = (new_w - image_size) // 2, (new_h - image_size) // 2
+                return np.asarray(image.crop((left, top, left + image_size, top + image_size)))
+            left, top, w, h = inception_crop_box(rng, width, height)
+            flip = flip and flip_left_right(rng)
+            shrink = image_size / min(w, h)  # draft keeps at least this fraction of the pixels per side
+            image.draft("RGB", (math.ceil(width * shrink), math.ceil(height * shrink)))
+            sx, sy = image.size[0] / width, image.size[1] / height
+            image = image.convert("RGB").resize((image_size, image_size), Image.BILINEAR,
+                                                box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+            pixels = np.asarray(image)
+            return np.ascontiguousarray(pixels[:, ::-1]) if flip else pixels
     except _IMAGE_ERRORS as exc:
         raise DataError(
             f"{path}: not a readable image ({type(exc).__name__}: {' '.join(str(exc).split())}); "
@@ -95,11 +112,23 @@ def load_image(path: str, image_size: int) -> np.ndarray:
         ) from exc
 
 
+def read_images(paths: list[str], image_size: int, *, augment_seeds: list[tuple[int, int, int]] | None = None,
+                flip: bool = True) -> np.ndarray:
+    """``read_image`` of every path: (n, image_size, image_size, 3) uint8. ``augment_seeds``: one (seed, epoch,
+    index) per path for the training augmentation (``augment.example_rng``); None for evaluation crops."""
+    images = np.empty((len(paths), image_size, image_size, 3), np.uint8)
+    for row, path in enumerate(paths):
+        rng = None if augment_seeds is None else example_rng(*augment_seeds[row])
+        images[row] = read_image(path, image_size, rng=rng, flip=flip)
+    return images
+
+
 class ImageFolder:
     """A class-folder tree (see module docstring).
 
     Batches: ``image`` (n, S, S, 3) float32 in [0, 1] with S = ``image_size`` (shorter side resized to S,
-    then center crop), ``label`` (n,) int32 in [0, num_classes).
+    then center crop), ``label`` (n,) int32 in [0, num_classes). Training batches of the input pipeline
+    (``get_uint8(..., augment=True)``) are Inception crops with flips instead, drawn from ``seed``.
 
     Raises:
       DataError: in the constructor for a missing ``root``, ``train/`` or ``val/``, a split without class
@@ -108,7 +137,7 @@ class ImageFolder:
       ValueError: a bad ``image_size``.
     """
 
-    def __init__(self, root: str | os.PathLike, *, image_size: int = 224, name: str = "imagefolder"):
+    def __init__(self, root: str | os.PathLike, *, image_size: int = 224, name: str = "imagefolder", seed: int = 0):
         if image_size < 1:
             raise ValueError(f"image_size={image_size} is not allowed; use a side of at least 1 pixel")
         root = Path(root)
@@ -121,6 +150,7 @@ class ImageFolder:
                 raise DataError(f"{root / required}: {problem}; {expected}")
         self.root = root
         self.name = name
+        self.seed = seed
         self.image_shape = (image_size, image_size, 3)
         self.class_names = tuple(e.name for e in _class_folders(root / "train"))
         self.num_classes = len(self.class_names)
@@ -146,12 +176,19 @@ class ImageFolder:
     def get(self, split: str, indices: np.ndarray, *, epoch: int = 0) -> dict[str, np.ndarray]:
         """Examples ``indices`` of ``split``: image (n, S, S, 3) float32 in [0, 1], label (n,) int32.
 
-        ``epoch`` is unused (no augmentation). DataError naming the file for an unreadable image;
-        ValueError for an unknown/empty split or an out-of-range index.
+        ``epoch`` is unused (evaluation crops, no augmentation). DataError naming the file for an unreadable
+        image; ValueError for an unknown/empty split or an out-of-range index.
         """
+        batch = self.get_uint8(split, indices)
+        return {**batch, "image": batch["image"].astype(np.float32) / 255.0}
+
+    def get_uint8(self, split: str, indices: np.ndarray, *, epoch: int = 0, augment: bool = False
+                  ) -> dict[str, np.ndarray]:
+        """``get``'s batch with "image" (n, S, S, 3) uint8 in [0, 255]. ``augment``: the training augmentation
+        instead of the evaluation crop -- Inception crop and flip (``read_image``), drawn for each example from
+        (the dataset's ``seed``, ``epoch``, its index). Raises as ``get``."""
         indices = check_indices(self, split, indices)
-        size = self.image_shape[0]
-        images = np.empty((len(indices), size, size, 3), np.float32)
-        for row, index in enumerate(indices):
-            images[row] = load_image(self._files[split][index], size)
-        return {"image": images, "label": self._labels[split][indices]}
+        paths = [self._files[split][i] for i in indices]
+        seeds = [(self.seed, epoch, int(i)) for i in indices] if augment else None
+        return {"image": read_images(paths, self.image_shape[0], augment_seeds=seeds),
+                "label": self._labels[split][indices]}

@@ -51,7 +51,8 @@ def load_dataset(
     cifar10 / cifar100: ``path`` = the python archive or its extracted folder (see ``Cifar``); val = the last
     5000 training images. imagefolder: ``path`` = a ``train/`` + ``val/`` class-folder tree (see ``ImageFolder``).
     ``image_size`` (None: the dataset's own default -- 32, 32, 32, 224) sets the returned image side; ``seed``
-    only matters for digits (the others have no randomness).
+    fixes the digits' canvases and the training crops of image folders and caption folders (CIFAR has no
+    randomness).
 
     Raises:
       ValueError: an unknown ``name``.
@@ -73,8 +74,8 @@ def load_dataset(
         if name in ("cifar10", "cifar100"):
             return Cifar(path, variant=name, image_size=image_size or 32)
         if name == "captions":
-            return ImageCaptions(path, image_size=image_size or 224)
-        return ImageFolder(path, image_size=image_size or 224)
+            return ImageCaptions(path, image_size=image_size or 224, seed=seed)
+        return ImageFolder(path, image_size=image_size or 224, seed=seed)
     except DataError as error:
         found = data_kind(path)
         if found in ("unknown", name) or (found == "cifar" and name.startswith("cifar")):

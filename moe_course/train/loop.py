@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import gc
 import math
-import queue
-import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,8 @@ from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from moe_course.configs import config_to_dict
-from moe_course.data.base import ImageDataset, steps_per_epoch, train_batches
+from moe_course.data.base import ImageDataset, steps_per_epoch
+from moe_course.data.pipeline import check_workers, close_pipeline, train_pipeline
 from moe_course.models import build_model
 from moe_course.parallel.sharding import put, replicated, shard_batch
 from moe_course.parallel.training import check_mesh_fits, shard_training_state
@@ -36,7 +38,8 @@ class TrainResult:
     """model: the trained nnx model. history: one dict per logged step (step, loss, task_loss, aux_loss,
     accuracy and the objective's other metrics, each the mean over the steps since the previous record;
     loss_max, the largest single-step loss among them, so a spike is not averaged away; learning_rate,
-    seconds since the run started; val_accuracy/val_loss where evaluated).
+    seconds since the run started; images_per_second and data_wait_fraction over the wall time since the
+    previous record (``Throughput``); val_accuracy/val_loss where evaluated).
     resumed_from: the checkpoint step the run started from, or None. seconds: wall time of this call.
     """
 
@@ -46,46 +49,88 @@ class TrainResult:
     seconds: float = 0.0
 
 
-def _prefetch(iterator: Iterator, size: int = 2) -> Iterator:
-    """Build the next batches in a background thread while the device runs the current step.
+class DeviceFeed:
+    """The next batches already on their way to the device while the current step runs.
 
-    An exception raised while building a batch (e.g. the DataError of a corrupt image file) is handed to
-    the consumer and raised there, in order, when it asks for that batch: it never dies with the thread
-    while the consumer waits on an empty queue.
+    ``next(feed)`` hands out the oldest of ``size`` batches placed by ``place`` (``jax.device_put``, or the mesh
+    layout of ``shard_batch``; both return before the copy ends) and ``fill()`` takes the next host batch from
+    ``batches`` and places it: call it after dispatching the step, so the host waits for data while the device
+    computes. Only ``keys`` of each batch travel. ``waited``: seconds spent blocked on ``batches`` so far.
     """
-    q: queue.Queue = queue.Queue(maxsize=size)
-    stop = threading.Event()
 
-    def put(entry) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def __init__(self, batches: Iterator[dict], place: Callable[[dict], dict], keys: tuple[str, ...], size: int = 2):
+        self._batches, self._place, self._keys, self._size = batches, place, keys, size
+        self._ready: collections.deque = collections.deque()
+        self._done = False
+        self.waited = 0.0
+        for _ in range(size):
+            self.fill()
 
-    def work():
-        try:
-            for item in iterator:
-                if not put((item, None)):
-                    return
-        except BaseException as exc:  # any failure, handed over rather than printed by the dying thread
-            put((None, exc))
+    def fill(self) -> None:
+        """Place one more batch, unless ``size`` are ready or ``batches`` is exhausted. An error raised while
+        the batch was built (e.g. DataError for a corrupt file) is raised when its step asks for it."""
+        if self._done or len(self._ready) >= self._size:
             return
-        put((None, StopIteration()))
+        started = time.perf_counter()
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._done = True
+            return
+        except Exception as exc:  # noqa: BLE001 -- handed to the step that needs this batch, in order
+            self._ready.append(exc)
+            self._done = True
+            return
+        finally:
+            self.waited += time.perf_counter() - started
+        self._ready.append(self._place({k: batch[k] for k in self._keys}))
 
-    threading.Thread(target=work, daemon=True).start()
-    try:
-        while True:
-            item, failure = q.get()
-            if isinstance(failure, StopIteration):
-                return
-            if failure is not None:
-                raise failure
-            yield item
-    finally:
-        stop.set()
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if not self._ready:
+            self.fill()
+        if not self._ready:
+            raise StopIteration
+        batch = self._ready.popleft()
+        if isinstance(batch, Exception):
+            raise batch
+        return batch
+
+
+INPUT_BOUND = 0.10  # data_wait_fraction above which a run warns (once) that it waits for its input
+
+
+class InputBoundWarning(UserWarning):
+    """The training step waited for data more than ``INPUT_BOUND`` of the wall time."""
+
+
+class Throughput:
+    """Images per second and the share of wall time spent waiting for data, between history records.
+
+    ``start()`` opens a window (after the first step, so compilation and worker start-up stay out of it);
+    ``record(step, waited)`` closes it at ``step`` with ``waited`` = the feed's total wait so far and returns
+    {"images_per_second", "data_wait_fraction"}; the next window starts at ``resume()``, so time spent
+    validating between records is not counted. The one place throughput is computed: per-device TFLOP/s and
+    MFU derive from ``images_per_second``.
+    """
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self._t0 = self._step0 = self._wait0 = None
+
+    def start(self, step: int, waited: float) -> None:
+        self._t0, self._step0, self._wait0 = time.perf_counter(), step, waited
+
+    def record(self, step: int, waited: float) -> dict[str, float]:
+        if self._t0 is None or step <= self._step0:
+            return {}
+        seconds = max(time.perf_counter() - self._t0, 1e-9)
+        return {"images_per_second": (step - self._step0) * self.batch_size / seconds,
+                "data_wait_fraction": min(1.0, max(0.0, waited - self._wait0) / seconds)}
+
+    resume = start
 
 
 class TrainingDiverged(RuntimeError):
@@ -140,7 +185,8 @@ def check_compatible(model_config, dataset: ImageDataset, config: TrainConfig) -
 def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, last_saved: int | None,
                   workdir, history: list[dict]) -> None:
     """Raise TrainingDiverged at the first non-finite loss in ``losses``, or for non-finite params before a save."""
-    bad = next(((step, float(loss)) for step, loss in losses if not math.isfinite(float(loss))), None)
+    values = jax.device_get([loss for _, loss in losses])  # one transfer for the whole window
+    bad = next(((step, float(v)) for (step, _), v in zip(losses, values) if not math.isfinite(float(v))), None)
     if bad is None and saving and not bool(_all_finite(params)):
         bad = (losses[-1][0], None)
     if bad is None:
@@ -156,6 +202,14 @@ def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, 
         "lower the learning rate or lengthen the warm-up and start again",
         step=step, last_checkpoint=last_saved, history=list(history),
     )
+
+
+def _postfix(record: dict) -> dict[str, str]:
+    """The progress bar's summary of a history record."""
+    shown = {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.3f}"}
+    if "images_per_second" in record:
+        shown.update({"img/s": f"{record['images_per_second']:.0f}", "wait": f"{record['data_wait_fraction']:.0%}"})
+    return shown
 
 
 def _validate(model, dataset, config: TrainConfig, eval_step) -> dict[str, float]:
@@ -181,6 +235,7 @@ def train(
     stop_after: int | None = None,
     init_model: nnx.Module | None = None,
     mesh: Mesh | None = None,
+    data_workers: int = 0,
 ) -> TrainResult:
     """Train ``build_model(model_config)`` on ``dataset``'s train split.
 
@@ -199,6 +254,13 @@ def train(
     configuration: a checkpoint written on one mesh resumes on any other (or on none). ``init_model`` is then
     switched to the mesh in place. A batch size that does not split over the mesh raises ValueError first.
 
+    Input (``data.pipeline``): Grain builds the training batches in ``data_workers`` processes (0: one background
+    thread of this process; ``moe-course train`` uses every core), as uint8 where the dataset gives it, and
+    the next two batches are copied to the device while a step runs; the step scales the pixels there. Batch
+    s depends only on (seed, s), whatever the number of workers, so a resumed run equals the uninterrupted one.
+    Each history record carries images_per_second and data_wait_fraction (``Throughput``); the run warns once
+    (``InputBoundWarning``) when the step waited for data more than ``INPUT_BOUND`` of the time.
+
     Divergence: the per-step losses are checked whenever metrics are logged and before every checkpoint, and
     the parameters before every checkpoint. A NaN or infinite value raises ``TrainingDiverged`` naming the
     first bad step and the last good checkpoint; no checkpoint is written from that step on, and the
@@ -206,6 +268,7 @@ def train(
     """
     model_config.validate()
     config.validate()
+    check_workers(data_workers)
     check_compatible(model_config, dataset, config)
     if mesh is not None:
         check_mesh_fits(mesh, model_config, config)
@@ -243,14 +306,19 @@ def train(
     objective = objective_for(model_config)
     train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings)
     eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
-    place = (lambda batch: batch) if mesh is None else (lambda batch: shard_batch(batch, mesh))
     if mesh is not None and eval_step is not None:
         compiled_eval = eval_step
-        eval_step = lambda params, rest, batch: compiled_eval(params, rest, place(batch))
+        eval_step = lambda params, rest, batch: compiled_eval(params, rest, shard_batch(batch, mesh))
     schedule = learning_rate_schedule(config)
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
-    batches = _prefetch(train_batches(dataset, config.batch_size, seed=config.seed, start_step=start_step))
+    # Every step the loop only dispatches work: metrics stay on the device until a record is logged.
+    pipeline = train_pipeline(dataset, config.batch_size, seed=config.seed, start_step=start_step, stop_step=last,
+                              workers=data_workers)
+    put_batch = jax.device_put if mesh is None else (lambda batch: shard_batch(batch, mesh))
+    batch = feed = None
+    throughput = Throughput(config.batch_size)
+    warned = False
     window: list[dict] = []
     unchecked: list[tuple[int, jax.Array]] = []  # (step, loss) since the last finiteness check
     last_saved = resumed_from
@@ -262,14 +330,17 @@ def train(
     def due(every: int, step: int) -> bool:
         return step == config.steps or (every > 0 and step % every == 0)
 
+    float(schedule(start_step))  # compiles the schedule's small programs here, not inside the first record's window
     try:
+        feed = DeviceFeed(pipeline, put_batch, objective.batch_keys)
         for step in range(start_step + 1, last + 1):
-            batch = next(batches)
+            batch = next(feed)
             key = jax.random.fold_in(base_key, step)
             params, opt_state, metrics = train_step(
-                params, rest, opt_state, place({k: batch[k] for k in objective.batch_keys}),
-                key if mesh is None else put(key, replicated(mesh)),
-            )
+                params, rest, opt_state, batch, key if mesh is None else put(key, replicated(mesh)))
+            feed.fill()  # the host waits for the next batch while the device runs this step
+            if step == start_step + 1:
+                throughput.start(step, feed.waited)
             window.append(metrics)
             unchecked.append((step, metrics["loss"]))
             saving = checkpoints is not None and due(config.checkpoint_every, step)
@@ -279,23 +350,36 @@ def train(
                               history=history)
                 unchecked = []
             if logged:
-                means = {k: float(np.mean([float(m[k]) for m in window])) for k in window[0]}
+                host = jax.device_get(window)  # one transfer for the whole window
+                means = {k: float(np.mean([float(m[k]) for m in host])) for k in host[0]}
                 record = {"step": step, "epoch": (step - 1) // per_epoch, **means,
-                          "loss_max": max(float(m["loss"]) for m in window),
+                          "loss_max": max(float(m["loss"]) for m in host),
                           "learning_rate": float(schedule(step - 1)),
-                          "seconds": time.perf_counter() - started}
+                          "seconds": time.perf_counter() - started, **throughput.record(step, feed.waited)}
                 window = []
+                if record.get("data_wait_fraction", 0.0) > INPUT_BOUND and not warned:
+                    warned = True
+                    warnings.warn(
+                        f"input-bound: the training step waited for data {record['data_wait_fraction']:.0%} of the "
+                        f"time up to step {step}; build batches in more processes (--data-workers, or train(..., "
+                        f"data_workers=); now {data_workers})", InputBoundWarning, stacklevel=2)
                 if due(config.eval_every, step) and dataset.split_size("val"):
                     record.update(_validate(nnx.merge(graphdef, params, rest), dataset, config, eval_step))
                 history.append(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.3f}", refresh=False)
+                bar.set_postfix(_postfix(record), refresh=False)
+                throughput.resume(step, feed.waited)
             bar.update(1)
             if saving:
                 checkpoints.save(step, {"params": params, "opt_state": opt_state}, history)
                 last_saved = step
     finally:
         bar.close()
-        batches.close()
+        # Batches from worker processes live in shared memory, freed when the last reference goes: drop ours now
+        # (an exception's traceback keeps this frame alive), not at interpreter exit, which would leak them.
+        batch = feed = None
+        gc.collect()  # reference cycles (an exception and its frames) can hold such batches too
+        close_pipeline(pipeline)
+        pipeline = None
         if checkpoints is not None:
             checkpoints.close()
     seconds = time.perf_counter() - started

@@ -18,6 +18,15 @@ def checks_enabled(config) -> bool:
     return bool(getattr(config, "check_finite", False))
 
 
+def as_float_images(batch: dict[str, Any]) -> dict[str, Any]:
+    """``batch`` with a uint8 "image" (as the input pipeline delivers it) scaled to float32 in [0, 1], on the
+    device inside the compiled step; a float "image" (the chapters' and ``get``'s batches) is left as it is."""
+    image = batch.get("image")
+    if image is None or image.dtype != jnp.uint8:
+        return batch
+    return {**batch, "image": image.astype(jnp.float32) / 255.0}
+
+
 def _jit(step: Callable, checked: bool) -> Callable:
     """jax.jit(step); with ``checked``, functionalised by checkify first, raising the first failed check."""
     if not checked:
@@ -37,7 +46,8 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
     metrics: loss (task + aux), task_loss, aux_loss, accuracy and the objective's own metrics -- batch means,
-    float32 scalars. ``batch`` holds ``objective.batch_keys``. ``key`` drives every random draw of the step
+    float32 scalars. ``batch`` holds ``objective.batch_keys``; "image" uint8 in [0, 255] or float in [0, 1]
+    (``as_float_images``). ``key`` drives every random draw of the step
     (dropout, router noise). ``checked``: run the model's checkify checks and raise the first that fails
     (JaxRuntimeError, a ValueError); costs one sync per step.
     ``shardings``: (parameter shardings, optimizer state shardings), trees of ``NamedSharding`` matching
@@ -45,6 +55,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     """
 
     def loss_fn(params, rest, batch, key):
+        batch = as_float_images(batch)
         model = nnx.merge(graphdef, params, rest)
         task, aux, metrics = objective.loss(model, batch, nnx.Rngs(key))
         return task + aux, {"task_loss": task, "aux_loss": aux, **metrics}
@@ -62,9 +73,10 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
 
 def make_eval_step(graphdef: nnx.GraphDef, *, checked: bool = False) -> Callable:
     """jit(params, rest, batch) -> (summed loss, correct count, example count) over rows with mask = 1.
-    ``checked`` as in ``make_train_step``."""
+    "image" uint8 or float as in ``make_train_step``. ``checked`` as in ``make_train_step``."""
 
     def eval_step(params, rest, batch: dict[str, Any]):
+        batch = as_float_images(batch)
         model = nnx.merge(graphdef, params, rest)
         logits = model(batch["image"], deterministic=True).logits
         losses = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch["label"])

@@ -52,3 +52,37 @@ def test_twin_under_autocast_is_close_to_the_bfloat16_jax_model(name):
         for value in record:
             if isinstance(value, torch.Tensor) and value.is_floating_point():
                 assert value.dtype == torch.float32
+
+
+@pytest.mark.skipif(not hasattr(torch, "_grouped_mm"), reason="this torch has no torch._grouped_mm")
+def test_grouped_gemm_experts_equal_the_einsum_path(monkeypatch):
+    """The Hopper path (torch._grouped_mm, forced here on the CPU, whose torch has a fallback kernel) computes
+    the expert MLPs of the batched-einsum path, gradients included, within bfloat16 rounding."""
+    from moe_course.torch.layers import experts as experts_module
+
+    torch.manual_seed(0)
+    layer = experts_module.Experts(4, 16, 32)
+    buffers = torch.randn(3, 4, 5, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reference = layer(buffers)
+    reference.float().square().sum().backward()
+    expected = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    monkeypatch.setattr(experts_module, "grouped_gemm_dtype", lambda x: torch.bfloat16)
+    grouped = layer(buffers)
+    grouped.float().square().sum().backward()
+    assert grouped.shape == reference.shape and grouped.dtype == torch.bfloat16
+    torch.testing.assert_close(grouped.float(), reference.float(), atol=0.05, rtol=0.02)
+    for got, want in zip((p.grad for p in layer.parameters()), expected):
+        torch.testing.assert_close(got, want, atol=0.1, rtol=0.05)
+
+
+def test_twin_layers_compile_without_graph_breaks():
+    """torch.compile sees each twin layer as one graph (torch._dynamo.explain; no compilation runs)."""
+    from moe_course.torch.layers import MoDBlock, SoftMoE, SparseMoE
+
+    x = torch.randn(4, 16, 32)
+    for layer in (SparseMoE(32, 64, 8, k=2, group_size=2, capacity_ratio=1.05), SoftMoE(32, 64, 8),
+                  MoDBlock(32, 4, 64, capacity=0.5, router="standard", keep_first=False, num_tokens=16)):
+        explained = torch._dynamo.explain(layer.eval())(x)
+        assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]

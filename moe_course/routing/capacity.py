@@ -65,6 +65,7 @@ def expert_capacity(
     *,
     rounding: str = "round",
     multiple_of: int | None = None,
+    warn: bool = True,
 ) -> int:
     """Buffer capacity of each expert, per group: ``round(k * tokens_per_group * capacity_ratio / num_experts)``.
 
@@ -79,7 +80,8 @@ def expert_capacity(
 
     Warns with ``CapacityRoundingWarning`` when the returned capacity changes the effective ratio
     ``B * E / (k * tokens_per_group)`` by more than ``RATIO_WARNING_TOLERANCE`` (1 %) relative to
-    ``capacity_ratio`` -- e.g. small groups, where one slot is a large share of the buffer.
+    ``capacity_ratio`` -- e.g. small groups, where one slot is a large share of the buffer; ``warn=False``
+    skips the warning (the PyTorch twins while ``torch.compile`` traces them, which cannot trace a warning).
     Raises ValueError naming the argument, its value and what is allowed when k < 1, k > num_experts,
     tokens_per_group < 1, capacity_ratio <= 0 (or not finite), num_experts < 1, an unknown rounding,
     multiple_of < 1, or a capacity of 0 under "vmoe_round".
@@ -102,7 +104,7 @@ def expert_capacity(
     if multiple_of is not None:
         capacity += -capacity % multiple_of
     effective = effective_capacity_ratio(capacity, k, tokens_per_group, num_experts)
-    if abs(effective - capacity_ratio) > RATIO_WARNING_TOLERANCE * capacity_ratio:
+    if warn and abs(effective - capacity_ratio) > RATIO_WARNING_TOLERANCE * capacity_ratio:
         warnings.warn(
             f"expert capacity {capacity} gives an effective capacity_ratio of {effective:.4g} instead of "
             f"{capacity_ratio:.4g} (k={k}, tokens_per_group={tokens_per_group}, num_experts={num_experts}, "

@@ -9,16 +9,21 @@ argument checks are shared too (``moe_course.routing.checks`` accepts torch tens
 the same message in both frameworks. The one difference: where JAX takes a PRNG ``key``, these take a
 ``torch.Generator`` -- or ``noise``, the standard-normal draw itself, so both frameworks can be fed the same
 noise. ``tests/test_torch_routing.py`` proves every function equal to its JAX original.
+``expert_capacity`` is the JAX function that stays silent while ``torch.compile`` traces it (Dynamo cannot trace
+``warnings.warn`` and would break the graph there); eager calls warn as in JAX.
 """
 
+import torch
+
+from moe_course.routing import capacity as _capacity
 from moe_course.routing.capacity import (
     RATIO_WARNING_TOLERANCE,
     ROUNDINGS,
     CapacityRoundingWarning,
     effective_capacity_ratio,
-    expert_capacity,
     round_count,
 )
+
 from moe_course.torch.routing.allocation import (
     METHODS,
     SCORES,
@@ -122,6 +127,13 @@ from moe_course.torch.routing.soft import (
     soft_routing,
     soft_slots,
 )
+
+
+def expert_capacity(*args, **kwargs) -> int:
+    """``moe_course.routing.expert_capacity`` (same arguments, result and errors), without its rounding warning
+    while ``torch.compile`` traces the caller."""
+    return _capacity.expert_capacity(*args, **kwargs, warn=not torch.compiler.is_compiling())
+
 
 __all__ = [
     "AUX_LOSS_WEIGHT", "Allocation", "AuxLosses", "CLASSIC_LOSSES", "CapacityRoundingWarning", "ENTROPY_LOSSES",

@@ -487,6 +487,8 @@ def test_a_root_graders_kernel_is_an_unprivileged_host_user(graded):
     assert "CAPS ['0000000000000000']" in printed, printed
     assert "fork BlockingIOError" in printed, printed
     assert 0 < int(re.search(r"PROCESSES (\d+)", printed).group(1)) < MAX_PROCESSES, printed
+    record = json.loads((graded["course"] / "gradebooks" / NAME / "escapes.json").read_text())
+    assert ("uid" in record["limits"]) == ROOT, record["limits"]  # what held, as the batch reported it
 
 
 @pytest.mark.skipif(not ROOT, reason="the scratch tmpfs of one submission needs a root grader")

@@ -74,7 +74,7 @@ def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tm
     assert main(["course", "autograde", "01_vit", "--course-dir", str(course)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "apt-get install bubblewrap" in err[0] and "--no-sandbox" in err[0], err
-    monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits, uid: {
+    monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits, uid, tmpfs=False: {
         "student": student, "assignment": assignment, "status": "graded", "error": "", "score": 1.0, "max_score": 1.0})
     monkeypatch.setattr(grade, "scan_notebook", lambda notebook: [])
     assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox"]) == 0

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUPS_ENV = "MOE_COURSE_SANDBOX_CGROUPS"  # the cgroup folders the launcher joins, os.pathsep-separated
+SCRATCH_TMPFS_ENV = "MOE_COURSE_SCRATCH_TMPFS"  # set by the batch where the worker can mount its scratch tmpfs
 SCRATCH_BYTES = 512 * 2**20  # the submission's writable copy, its answers and sockets together
 SCRATCH_INODES = 20_000
 CPU_WEIGHT = 100  # cgroup v2 default; every submission gets the same (v1: cpu.shares 1024)
@@ -172,3 +173,26 @@ def mount_scratch(folder: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise OSError(f"cannot mount the scratch tmpfs on {folder}: {done.stderr.strip()[:200]}")
+
+
+def can_mount_scratch() -> bool:
+    """Whether a worker started under ``unshare --mount`` can mount its scratch tmpfs here (root, and not a
+    container that withholds CAP_SYS_ADMIN): tried once, in a mount namespace that ends with the probe."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="moe-grade-probe-") as folder:
+        probe = ["unshare", "--mount", "--propagation", "private", "--", "mount", "-t", "tmpfs", "-o", "size=1m",
+                 "moe-grade-probe", folder]
+        try:
+            return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+
+def cgroup_version() -> str | None:
+    """"v2" or "v1" where this process can create a submission's cgroup (one is made and removed), else None."""
+    group = Cgroup.create(f"moe-grade-probe-{os.getpid()}", memory_bytes=2**30, processes=16)
+    if group is None:
+        return None
+    group.remove()
+    return "v2" if group.folders[0].parent.joinpath("cgroup.controllers").exists() else "v1"

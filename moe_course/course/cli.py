@@ -99,7 +99,10 @@ def run(args) -> dict:
         seconds = time.perf_counter() - start
         lines = {r["student"]: f"{r['score']} / {r['max_score']} ({r['status']}{': ' + r['error'] if r['error'] else ''})"
                  for r in records}
-        return {**lines, "submissions": len(records), "seconds": round(seconds, 1),
+        held = next((r["limits"] for r in records if r.get("limits")), {})
+        return {**lines, "submissions": len(records), "limits beyond prlimit": "; ".join(
+                    f"{name}: {how}" for name, how in held.items()) or "none (not root, or no sandbox)",
+                "seconds": round(seconds, 1),
                 "seconds per submission": round(seconds / max(1, len(records)), 2)}
     if command == "feedback":
         written = grade.feedback(course_dir, args.assignment)

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from moe_course.course import budget
 from moe_course.course import sandbox as bubblewrap
 from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
 from moe_course.course.flags import scan_notebook
@@ -42,11 +43,13 @@ def submitted_students(course_dir: Path, assignment: str) -> list[str]:
     return sorted(p.parent.name for p in submitted.glob(f"*/{assignment}") if p.is_dir())
 
 
-def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits, uid: int | None) -> dict:
-    """Grade one student in a worker process (under ``unshare --mount`` and as sandbox host ``uid`` when given);
+def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits, uid: int | None,
+                tmpfs: bool = False) -> dict:
+    """Grade one student in a worker process, its kernel as sandbox host ``uid`` when given, and with ``tmpfs``
+    under ``unshare --mount`` with its scratch folder on a tmpfs (``budget.mount_scratch``);
     returns its record. Whatever fails here -- the worker, its output, its record -- gives a "failed" record
-    with the reason. The worker's output goes to a file (bounded: the kernel's file-size limit holds for it),
-    of which the last 300 characters are read."""
+    with the reason. The worker's output goes to a file, of which the last 300 characters are read (the
+    kernel's own stdout and stderr go to ``sandbox.KERNEL_OUTPUT``, never here)."""
     failed = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0, "max_score": None,
               "cells": {}, "seconds": None}
     try:
@@ -57,9 +60,11 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
                    student, str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds),
                    str(limits.output_bytes)]
         env = grading_env(course_dir)
-        if uid is not None:  # a private mount namespace for the worker's scratch tmpfs
-            command = ["unshare", "--mount", "--propagation", "private", "--", *command]
+        if uid is not None:
             env[bubblewrap.SANDBOX_UID_ENV] = str(uid)
+        if tmpfs:  # a private mount namespace for the worker's scratch tmpfs
+            env[budget.SCRATCH_TMPFS_ENV] = "1"
+            command = ["unshare", "--mount", "--propagation", "private", "--", *command]
         with tempfile.TemporaryFile() as output:
             process = subprocess.Popen(command, env=env, start_new_session=True, stdout=output,
                                        stderr=subprocess.STDOUT)
@@ -83,6 +88,20 @@ def _tail(output, chars: int = 300) -> str:
     output.seek(0, os.SEEK_END)
     output.seek(max(0, output.tell() - 4 * chars))
     return output.read().decode(errors="replace")[-chars:]
+
+
+def sandbox_limits(uid: int | None) -> dict[str, str]:
+    """Which limits hold for this batch's kernels, beyond bubblewrap and prlimit's per-process limits, as
+    {limit: how}: "uid" (the host uid a root grader drops to), "scratch" (a tmpfs per submission, root where
+    mounts are allowed), "cgroup" (cgroup v2 or v1, where this process may create one)."""
+    if uid is None:
+        return {}
+    held = {"uid": f"host uids from {uid}"}
+    if budget.can_mount_scratch():
+        held["scratch"] = f"tmpfs of {budget.SCRATCH_BYTES // 2**20} MiB per submission"
+    if version := budget.cgroup_version():
+        held["cgroup"] = f"{version}: memory, processes, CPU weight per submission"
+    return held
 
 
 def sandbox_uids(first: int, jobs: int) -> list[int]:
@@ -129,6 +148,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     write_kernelspec(paths["jupyter"], protect=[paths["root"], Path(solutions_dir)],
                      memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
+    limits_held = sandbox_limits(uids[0]) if sandbox else {}
     free = queue.SimpleQueue()
     for uid in uids:
         free.put(uid)
@@ -136,7 +156,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     def grade_one(student: str) -> dict:
         uid = free.get()  # a slot: no two kernels graded at once share a uid, so none shares a process limit
         try:
-            return _run_worker(course_dir, assignment, student, limits, uid)
+            return _run_worker(course_dir, assignment, student, limits, uid, tmpfs="scratch" in limits_held)
         finally:
             free.put(uid)
 
@@ -149,6 +169,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
         except Exception as error:  # RecursionError from a deeply nested notebook, say: this row only
             record["flags"] = f"not scanned: {type(error).__name__}"
         record["sandbox"] = "bwrap" if sandbox else NO_SANDBOX
+        record["limits"] = limits_held
         _, result = record_paths(course_dir, assignment, record["student"])
         result.write_text(json.dumps(record, indent=1))
     return records

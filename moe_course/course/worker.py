@@ -87,14 +87,15 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     answers its hidden tests record (``answers.record``, judged here by
     ``verdict.score_outside`` after the kernel ended), its stdout/stderr and (in the sandbox) its private copy
     of the submission's folder live in a scratch folder of this process's own, removed afterwards. Where the
-    batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), that folder is a tmpfs of
-    ``budget.SCRATCH_BYTES`` and the kernel runs in a cgroup of its own (``budget``), both gone afterwards.
+    batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), the kernel runs in a cgroup of
+    its own where the host allows one, and that folder is a tmpfs of ``budget.SCRATCH_BYTES`` where the batch
+    found it can be mounted (``budget.SCRATCH_TMPFS_ENV``), both gone afterwards.
     The checks' inputs are drawn from ``seed`` (random per submission), so answers computed before grading
     match nothing. Returns nbgrader's result, with the verdicts ({grade_id: reason or None}) under "verdicts".
     """
     from nbgrader.apps import NbGraderAPI
 
-    from moe_course.course.budget import Cgroup, mount_scratch
+    from moe_course.course.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
     from moe_course.course.inputs import inputs_only
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
@@ -103,7 +104,8 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     cgroup = None
     try:
         if uid is not None:
-            mount_scratch(scratch)
+            if os.environ.get(SCRATCH_TMPFS_ENV):
+                mount_scratch(scratch)
             cgroup = Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
                                    processes=MAX_PROCESSES)
         for folder in ("ipc", "answers"):
@@ -122,7 +124,7 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     finally:
         if cgroup is not None:
             cgroup.remove()
-        if uid is not None:
+        if uid is not None and os.environ.get(SCRATCH_TMPFS_ENV):
             subprocess.run(["umount", "--lazy", str(scratch)], capture_output=True)
         remove_tree(scratch)
 

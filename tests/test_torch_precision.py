@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="the PyTorch twins need torch (pip i
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from moe_course.configs import MoDConfig, SoftMoEConfig, VMoEConfig  # noqa: E402
+from moe_course.configs import VMoEConfig  # noqa: E402
 from moe_course.models import build_model  # noqa: E402
 from moe_course.torch.convert import to_torch  # noqa: E402
 from moe_course.torch.precision import autocast_for  # noqa: E402
@@ -24,13 +24,11 @@ SHAPE = dict(image_size=8, patch_size=2, channels=3, width=16, depth=4, heads=2,
 CONFIGS = {
     "vmoe-bpr": VMoEConfig(name="t-vmoe", k=2, capacity_ratio=0.5, allocation="bpr", num_experts=4, group_size=2,
                            placement="every-2", pool="cls", representation_size=12, **SHAPE),
-    "soft": SoftMoEConfig(name="t-soft", router="soft", slots_per_expert=2, num_experts=4, group_size=1,
-                          placement="second-half", **SHAPE),
-    "mod-attention": MoDConfig(name="t-mod", capacity=0.5, router="attention", pool="cls", **SHAPE),
 }
-# Largest |twin - JAX| / max |JAX logits| measured here: 1.7% (MoD, Soft MoE), 4.7% (V-MoE, BPR at C = 0.5: a
-# near-tied choice can drop another token). Both round to bfloat16, at different places:
-# autocast keeps LayerNorm outputs and residual sums float32, the JAX model carries them in bfloat16).
+# Largest |twin - JAX| / max |JAX logits| measured here: 4.7% (BPR at C = 0.5: a near-tied choice can drop another
+# token; an MoD and a Soft MoE ViT of these sizes measured 1.7%, left out to keep the suite short). Both round to
+# bfloat16, at different places: autocast keeps LayerNorm outputs and residual sums float32, the JAX model
+# carries them in bfloat16.
 RELATIVE_TOLERANCE = 0.06
 
 

@@ -199,3 +199,12 @@ def test_peers_benchmark():
     assert len(rows) == 4, out
     for name, fields in rows.items():  # median, min-max, then one ours/peer ratio per peer that imported
         assert _is_number(fields[0]) and all(_is_number(f) for f in fields[1].split("-") + fields[2:]), name
+
+
+def test_input_pipeline_benchmark():
+    out = _run("input_pipeline.py", "--quick", timeout=300)
+    for kind in ("digits", "imagefolder"):  # images/s at 0 and 1 workers, the ratio, images/s per worker
+        row = _row(out, "Table 1", kind)
+        assert len(row) == 5 and all(_is_number(field) for field in row[1:]), row
+    loop = _row(out, "Table 2", "digits-tiny")  # batch, bare steps/s, loop steps/s and loop/bare at 0 workers
+    assert len(loop) == 5 and all(_is_number(field) for field in loop[1:]), loop

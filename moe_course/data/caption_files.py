@@ -13,8 +13,9 @@ renamed or linked to ``train/``): a JSON object with an ``"images"`` list of ``{
 Each (image, caption) pair is one example, in file order; an image with five captions gives five examples.
 Everything is checked in the constructor -- the files parse, every caption names an image that exists --
 and each problem raises one ``DataError`` naming the path (and line) and what was expected. Pixels are read
-in ``get`` (``folders.read_image``: shorter side resized, center crop; Inception crops for training). The data has no class labels:
-``label`` is -1 and ``num_classes`` 0, so zero-shot classification does not apply; retrieval does.
+in ``get`` (``folders.read_image``: shorter side resized, center crop; Inception crops for training).
+The data has no class labels: ``label`` is -1 and ``num_classes`` 0, so zero-shot classification does not
+apply; retrieval does.
 The subword tokenizer is trained on the training captions (deterministic) unless one is passed.
 """
 

@@ -80,9 +80,9 @@ def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = 
     Without ``rng`` (evaluation): shorter side resized (bilinear) to ``image_size``, then the center crop.
     With ``rng`` (training): the Inception-style random-resized crop (``augment.inception_crop_box``: 8-100% of
     the area, aspect 3/4-4/3) resized to ``image_size``, then (with ``flip``) a horizontal flip with probability
-    1/2, every draw from ``rng``. A JPEG is decoded at a reduced scale (PIL ``Image.draft``: 1/2, 1/4 or 1/8) wherever the box
-    still has at least ``image_size`` pixels per side at that scale. Raises DataError naming the file when it
-    cannot be read as an image.
+    1/2, every draw from ``rng``. A JPEG is decoded at a reduced scale (PIL ``Image.draft``: 1/2, 1/4 or 1/8)
+    wherever the box still has at least ``image_size`` pixels per side at that scale. Raises DataError naming
+    the file when it cannot be read as an image.
     """
     try:
         with Image.open(path) as image:

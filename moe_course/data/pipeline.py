@@ -78,9 +78,10 @@ def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_s
     Batch s is ``TrainBatch(dataset, batch_size, seed)(s)``: the same batches ``base.train_batches`` lists, with
     "image" (batch_size, H, W, C) uint8 (float32 for a dataset class without ``get_uint8``) and the dataset's
     other fields. ``buffer``: batches each worker (or the thread) keeps ready. End it with ``close_pipeline``
-    once its batches are dropped, to end the workers and free their shared memory. An error raised while building a batch (e.g. ``DataError`` naming a corrupt
-    file) is raised by ``next`` on the iterator, in step order, also from a worker. Raises ValueError for
-    ``workers`` < 0, ``batch_size`` larger than the training split, or an empty training split.
+    once its batches are dropped, to end the workers and free their shared memory. An error raised while
+    building a batch (e.g. ``DataError`` naming a corrupt file) is raised by ``next`` on the iterator, in step
+    order, also from a worker. Raises ValueError for ``workers`` < 0, ``batch_size`` larger than the training
+    split, or an empty training split.
     """
     import grain
 

@@ -121,16 +121,21 @@ class Throughput:
         self._t0 = self._step0 = self._wait0 = None
 
     def start(self, step: int, waited: float) -> None:
+        """Open a window now, after ``step``; ``waited``: the feed's total seconds of waiting so far."""
         self._t0, self._step0, self._wait0 = time.perf_counter(), step, waited
 
     def record(self, step: int, waited: float) -> dict[str, float]:
+        """{"images_per_second": images of the steps since the window opened / its wall seconds,
+        "data_wait_fraction": seconds waited for data in it / its wall seconds, in [0, 1]}; {} before a window."""
         if self._t0 is None or step <= self._step0:
             return {}
         seconds = max(time.perf_counter() - self._t0, 1e-9)
         return {"images_per_second": (step - self._step0) * self.batch_size / seconds,
                 "data_wait_fraction": min(1.0, max(0.0, waited - self._wait0) / seconds)}
 
-    resume = start
+    def resume(self, step: int, waited: float) -> None:
+        """Open the next window after a record (and its validation), as ``start``."""
+        self.start(step, waited)
 
 
 class TrainingDiverged(RuntimeError):

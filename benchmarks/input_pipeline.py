@@ -1,0 +1,233 @@
+"""The training input pipeline alone, and the training loop against its bare jitted step, side by side.
+
+Table 1: images/s of ``data.pipeline.train_pipeline`` (Grain, batches built in worker processes, uint8) for each
+dataset kind at 1, 2, ... workers (up to the cores this process may use; 0: one thread of this process),
+after the workers have started, the scaling from the first count, and images per CPU-second of the workers.
+Data made here: the embedded digits (``digits``, ``digit-glyphs``, ``digits-captions``), a CIFAR-10 archive
+layout of colourised digit canvases, and JPEGs of ImageNet-like sizes (300-500 px sides: upscaled digit
+canvases in colour on smooth textured backgrounds) read as an image folder at --image-size px with the
+training augmentation (Inception crop + flip) and as an image-caption folder.
+Table 2: steps/s of ``train`` (the whole loop: pipeline, device feed, metrics, progress bar) against the bare
+jitted training step called on one batch already on the device, for digits-tiny and glyphs-tiny with their
+recipes' batch size; the loop's rate comes from its history record (images_per_second: compilation and worker
+start-up excluded). Rounds alternate the two; the best round of each is kept.
+Usage: python benchmarks/input_pipeline.py [--workers 1 2] [--batches 40] [--loop-steps 300] [--quick]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from PIL import Image
+
+from moe_course.configs import get_preset
+from moe_course.data import load_dataset
+from moe_course.data.pipeline import close_pipeline, default_workers, train_pipeline
+from moe_course.models import build_model
+from moe_course.recipes import recipe_for
+from moe_course.train import train
+from moe_course.train.optim import make_optimizer
+from moe_course.train.steps import make_train_step
+from sizes import SizedParser
+
+KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "imagefolder", "captions"]
+DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
+                presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=2, loop_workers=None)
+QUICK = dict(kinds=["digits", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32, jpegs=32,
+             jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0])
+
+
+def _canvases(count: int, seed: int) -> np.ndarray:
+    """(count, 32, 32) float32 cluttered-digit canvases in [0, 1]."""
+    digits = load_dataset("digits", None, seed=seed)
+    index = np.arange(count) % digits.split_size("train")
+    return digits.get("train", index, epoch=seed)["image"][..., 0]
+
+
+def _scene(canvas: np.ndarray, rng: np.random.Generator, width: int, height: int) -> Image.Image:
+    """A natural-looking photo stand-in: a smooth coloured texture with the digit canvas, upscaled and tinted,
+    on top (what JPEG decoding and resizing see is like a photo's: smooth areas, edges, detail)."""
+    low = rng.uniform(40, 215, (6, 8, 3)).astype(np.uint8)
+    background = np.asarray(Image.fromarray(low).resize((width, height), Image.BICUBIC), np.float32)
+    grain = np.asarray(Image.fromarray(rng.integers(0, 255, (height // 8, width // 8), np.uint8))
+                       .resize((width, height), Image.BILINEAR), np.float32)[..., None]
+    background = background * 0.85 + grain * 0.15
+    side = int(min(width, height) * rng.uniform(0.5, 0.9))
+    digit = np.asarray(Image.fromarray((canvas * 255).astype(np.uint8)).resize((side, side), Image.BICUBIC),
+                       np.float32)[..., None] / 255.0
+    top, left = rng.integers(0, height - side + 1), rng.integers(0, width - side + 1)
+    tint = rng.uniform(0, 255, 3)
+    window = background[top:top + side, left:left + side]
+    background[top:top + side, left:left + side] = window * (1 - digit) + tint * digit
+    return Image.fromarray(background.clip(0, 255).astype(np.uint8))
+
+
+def make_files(root: Path, args) -> dict[str, Path]:
+    """The on-disk datasets of table 1 under ``root``: {"cifar10": ..., "imagefolder": ..., "captions": ...}."""
+    rng = np.random.default_rng(0)
+    canvases = _canvases(args.jpegs, seed=1)
+    flat = root / "jpegs"
+    flat.mkdir(parents=True)
+    for i, canvas in enumerate(canvases):
+        width, height = rng.integers(args.jpeg_sides[0], args.jpeg_sides[1] + 1, 2)
+        _scene(canvas, rng, int(width), int(height)).save(flat / f"{i:05d}.jpg", quality=90)
+    folder, captions = root / "imagefolder", root / "captions"
+    for split in ("train", "val"):
+        (captions / split).mkdir(parents=True)
+        lines = []
+        for i in range(args.jpegs):
+            klass = f"class{i % 4}"
+            (folder / split / klass).mkdir(parents=True, exist_ok=True)
+            os.symlink(flat / f"{i:05d}.jpg", folder / split / klass / f"{i:05d}.jpg")
+            os.symlink(flat / f"{i:05d}.jpg", captions / split / f"{i:05d}.jpg")
+            lines.append(f"{i:05d}.jpg\ta photo of the digit in {klass}, number {i % 10}")
+        (captions / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    cifar = root / "cifar-10-batches-py"
+    cifar.mkdir()
+    per_batch = 2000  # 5 x 2000 training images: 5000 after the 5000 of the val split
+    colour = _canvases(per_batch, seed=2)[..., None] * rng.uniform(0.3, 1.0, (per_batch, 1, 1, 3))
+    data = (colour * 255).astype(np.uint8).transpose(0, 3, 1, 2).reshape(per_batch, -1)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        labels = rng.integers(0, 10, per_batch).tolist()
+        (cifar / name).write_bytes(pickle.dumps({b"data": data, b"labels": labels}))
+    (cifar / "batches.meta").write_bytes(pickle.dumps({b"label_names": [f"c{i}".encode() for i in range(10)]}))
+    return {"cifar10": cifar, "imagefolder": folder, "captions": captions}
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds used so far by the processes ``pids`` (Linux /proc; NaN elsewhere)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def pipeline_rate(dataset, batch_size: int, workers: int, batches: int) -> tuple[float, float]:
+    """(images/s of the pipeline alone, images per CPU-second of its workers) over the second half of ``batches``
+    (by then every worker has started and the batches they had ready at the start are used up). The second
+    number is what one worker delivers with a core of its own, whatever else runs on the machine (NaN for 0
+    workers, whose thread shares this process)."""
+    pipeline = train_pipeline(dataset, batch_size, seed=0, stop_step=batches, workers=workers)
+    half = batches // 2
+    arrived, pids, cpu = [], [], float("nan")
+    for step, batch in enumerate(pipeline):
+        arrived.append(time.perf_counter())
+        if step == half and workers:
+            pids = [p.pid for p in multiprocessing.active_children()]
+            cpu = _cpu_seconds(pids)
+        elif step == batches - 1 and workers:  # before the workers, done, exit
+            cpu = _cpu_seconds(pids) - cpu
+    del batch
+    close_pipeline(pipeline)
+    images = (batches - 1 - half) * batch_size
+    return images / (arrived[-1] - arrived[half]), images / cpu if cpu > 0 else float("nan")
+
+
+def pipeline_table(args, files: dict[str, Path]) -> None:
+    print(f"\nTable 1: the input pipeline alone, images/s (batches of {args.batch_size}, over the second half of "
+          f"{args.batches} batches, 8 times more for the in-memory kinds; image folders at {args.image_size} px with "
+          f"Inception crop + flip, from {args.jpeg_sides[0]}-{args.jpeg_sides[1]} px JPEGs)")
+    print(f"{'dataset':<16}" + "".join(f"{f'{w} worker(s)':>13}" for w in args.workers)
+          + "".join(f"{f'{w}w/{args.workers[0]}w':>9}" for w in args.workers[1:]) + f"{'per CPU-s':>11}")
+    for kind in args.kinds:
+        size = args.image_size if kind in ("imagefolder", "captions") else None
+        dataset = load_dataset(kind, files.get(kind), image_size=size)
+        batches = args.batches * (1 if size else 8)  # in-memory kinds are fast: more batches for a steady rate
+        rates = [pipeline_rate(dataset, args.batch_size, w, batches) for w in args.workers]
+        print(f"{kind:<16}" + "".join(f"{r:>13.0f}" for r, _ in rates)
+              + "".join(f"{r / rates[0][0]:>9.2f}" for r, _ in rates[1:]) + f"{rates[-1][1]:>11.0f}")
+    print("per CPU-s: images per CPU-second of the workers at the largest count (one worker's rate with a core of "
+          "its own)")
+
+
+def bare_steps_per_second(config, dataset, batch_size: int, steps: int) -> float:
+    """Steps/s of the jitted training step alone, on one uint8 batch already on the device."""
+    graphdef, params, rest = nnx.split(build_model(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    tx = make_optimizer(recipe_for(config))
+    opt_state = tx.init(params)
+    step = make_train_step(graphdef, tx)
+    pipeline = train_pipeline(dataset, batch_size, seed=0, stop_step=1)
+    batch = jax.device_put({k: v for k, v in next(pipeline).items() if k in ("image", "label")})
+    close_pipeline(pipeline)
+    key = jax.random.key(0)
+    for _ in range(2):  # compiles (the second call sees the first's outputs)
+        params, opt_state, metrics = step(params, rest, opt_state, batch, key)
+    jax.block_until_ready(metrics)
+    started = time.perf_counter()
+    for _ in range(steps):
+        params, opt_state, metrics = step(params, rest, opt_state, batch, key)
+    jax.block_until_ready((params, metrics))
+    return steps / (time.perf_counter() - started)
+
+
+def loop_steps_per_second(config, dataset, batch_size: int, steps: int, workers: int) -> float:
+    recipe = recipe_for(config).replace(steps=steps + 1, batch_size=batch_size, warmup_steps=1, log_every=0,
+                                        eval_every=0)
+    result = train(config, dataset, recipe, progress=False, data_workers=workers)
+    return result.history[-1]["images_per_second"] / batch_size
+
+
+def loop_table(args) -> None:
+    workers = args.loop_workers or sorted({0, default_workers()})
+    print(f"\nTable 2: the training loop against its bare jitted step, steps/s ({args.loop_steps} steps after the "
+          f"first, best of {args.rounds} alternating round(s); the loop reads the pipeline with "
+          f"{' and '.join(map(str, workers))} worker(s))")
+    print(f"{'preset':<14}{'batch':>6}{'bare':>9}" + "".join(f"{f'loop w={w}':>11}{'ratio':>7}" for w in workers))
+    for name in args.presets:
+        config = get_preset("vit", name)
+        batch_size = recipe_for(config).batch_size if not args.quick else args.batch_size
+        dataset = load_dataset("digit-glyphs" if name.startswith("glyphs-") else "digits", None,
+                               image_size=config.image_size)
+        config = config.replace(num_classes=dataset.num_classes)
+        bare, loops = [], {w: [] for w in workers}
+        for _ in range(args.rounds):
+            bare.append(bare_steps_per_second(config, dataset, batch_size, args.loop_steps))
+            for w in workers:
+                loops[w].append(loop_steps_per_second(config, dataset, batch_size, args.loop_steps, w))
+        best = max(bare)
+        print(f"{name:<14}{batch_size:>6}{best:>9.1f}"
+              + "".join(f"{max(loops[w]):>11.1f}{max(loops[w]) / best:>7.2f}" for w in workers))
+
+
+def main() -> None:
+    parser = SizedParser(__doc__.splitlines()[0], DEFAULTS, QUICK)
+    parser.add_argument("--kinds", nargs="+", choices=KINDS, help=f"dataset kinds of table 1 {parser.size('kinds')}")
+    parser.add_argument("--workers", type=int, nargs="+",
+                        help="worker counts of table 1 (default: 1, 2, 4, ... up to the cores; --quick: 0 1)")
+    parser.add_argument("--tables", type=int, nargs="+", choices=[1, 2], default=[1, 2], help="which tables")
+    parser.add_argument("--loop-workers", type=int, nargs="+",
+                        help="worker counts of the loop in table 2 (default: 0 and the cores; --quick: 0)")
+    for name, kind, text in [("batches", int, "timed batches per pipeline"), ("batch_size", int, "images per batch"),
+                             ("image_size", int, "image-folder side in px"), ("jpegs", int, "JPEG files made"),
+                             ("loop_steps", int, "timed steps of table 2"), ("rounds", int, "rounds of table 2")]:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} {parser.size(name)}")
+    parser.add_argument("--presets", nargs="+", help=f"vit presets of table 2 {parser.size('presets')}")
+    parser.add_argument("--jpeg-sides", type=int, nargs=2, help=f"JPEG side range in px {parser.size('jpeg_sides')}")
+    args = parser.parse_args()
+    if args.workers is None:
+        cores = default_workers()
+        args.workers = sorted({1, 2, *[2**k for k in range(cores.bit_length()) if 2**k <= cores], cores})
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"device: {jax.devices()[0].device_kind}; {default_workers()} usable cores, load average {load:.1f} "
+          f"at the start; JAX {jax.__version__}")
+    if 1 in args.tables:
+        with tempfile.TemporaryDirectory() as tmp:
+            pipeline_table(args, make_files(Path(tmp), args))
+    if 2 in args.tables:
+        loop_table(args)
+
+
+if __name__ == "__main__":
+    main()

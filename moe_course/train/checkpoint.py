@@ -4,6 +4,9 @@ Layout: ``workdir/run.json`` (the model and train configs, written once, atomica
 ``workdir/checkpoints/<step>/`` (orbax; a step directory appears only when complete, so a run killed while
 saving leaves the previous checkpoint intact).
 
+The input pipeline's state is the step itself: batch s depends only on (seed, s) (``data.pipeline``), so a
+run resumed from the checkpoint of step s restarts its pipeline at s, whatever the number of data workers.
+
 A checkpoint damaged after it was written (a truncated file: a full disk, a bad copy) is skipped when
 restoring: ``restore_newest`` says in one line which step is damaged and which one is used instead, and
 raises ``WorkdirError`` naming the workdir when none restores.

@@ -176,3 +176,9 @@ def test_records_give_images_per_second_and_data_wait_and_warn_once_when_input_b
     assert max(r["data_wait_fraction"] for r in records) > 0.5
     bound = [w for w in caught if issubclass(w.category, InputBoundWarning)]
     assert len(bound) == 1 and "--data-workers" in str(bound[0].message)
+
+
+def test_a_run_resumed_past_its_new_last_step_trains_nothing(small_digits, tiny_vit_config, tmp_path):
+    train(tiny_vit_config, small_digits, FAST.replace(steps=3), workdir=tmp_path, progress=False)
+    again = train(tiny_vit_config, small_digits, FAST.replace(steps=2), workdir=tmp_path, progress=False)
+    assert again.resumed_from == 3 and [h["step"] for h in again.history] == [2, 3]

@@ -318,8 +318,8 @@ def train(
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     # Every step the loop only dispatches work: metrics stay on the device until a record is logged.
-    pipeline = train_pipeline(dataset, config.batch_size, seed=config.seed, start_step=start_step, stop_step=last,
-                              workers=data_workers)
+    pipeline = train_pipeline(dataset, config.batch_size, seed=config.seed, start_step=start_step,
+                              stop_step=max(last, start_step), workers=data_workers)
     put_batch = jax.device_put if mesh is None else (lambda batch: shard_batch(batch, mesh))
     batch = feed = None
     throughput = Throughput(config.batch_size)

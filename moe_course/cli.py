@@ -274,8 +274,12 @@ def _train(args) -> dict:
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
                    init_model=init_model, mesh=mesh, data_workers=data_workers)
     metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
+    speed = next((r for r in reversed(result.history) if "images_per_second" in r), {})
+    speed = {"images_per_second": round(speed["images_per_second"], 1),
+             "tflops_per_second": round(speed["tflops_per_second"], 4),
+             "mfu": "unknown for this device" if speed["mfu"] is None else round(speed["mfu"], 4)} if speed else {}
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
-            **metrics}
+            **speed, **metrics}
 
 
 def _final_split(dataset) -> str | None:

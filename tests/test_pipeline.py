@@ -18,7 +18,8 @@ from moe_course.data.base import to_uint8
 from moe_course.data.folders import read_image
 from moe_course.data.pipeline import check_workers, close_pipeline, train_pipeline
 from moe_course.train import TrainConfig, train
-from moe_course.train.loop import InputBoundWarning
+from moe_course.train.loop import InputBoundWarning, _postfix
+from moe_course.train.throughput import training_flops_per_image
 from moe_course.train.steps import as_float_images
 
 FAST = TrainConfig(steps=6, batch_size=16, learning_rate=3e-3, warmup_steps=2, log_every=2, eval_every=0,
@@ -174,6 +175,10 @@ def test_records_give_images_per_second_and_data_wait_and_warn_once_when_input_b
     assert [r["step"] for r in records] == [2, 4, 6, 8]
     assert all(r["images_per_second"] > 0 and 0 <= r["data_wait_fraction"] <= 1 for r in records)
     assert max(r["data_wait_fraction"] for r in records) > 0.5
+    flops = training_flops_per_image(tiny_vit_config)  # the shared count x 3, at the measured rate; no CPU peak
+    assert all(r["tflops_per_second"] == pytest.approx(r["images_per_second"] * flops / 1e12) for r in records)
+    assert all(r["mfu"] is None for r in records)
+    assert {"img/s", "wait", "TFLOP/s"} <= set(_postfix(records[-1]))
     bound = [w for w in caught if issubclass(w.category, InputBoundWarning)]
     assert len(bound) == 1 and "--data-workers" in str(bound[0].message)
 

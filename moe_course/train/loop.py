@@ -31,6 +31,7 @@ from moe_course.train.evaluate import evaluate
 from moe_course.train.objectives import CONTRASTIVE, objective_for
 from moe_course.train.optim import learning_rate_schedule, make_optimizer
 from moe_course.train.steps import checks_enabled, make_eval_step, make_train_step
+from moe_course.train.throughput import format_throughput, throughput_fields
 
 
 @dataclass
@@ -38,8 +39,10 @@ class TrainResult:
     """model: the trained nnx model. history: one dict per logged step (step, loss, task_loss, aux_loss,
     accuracy and the objective's other metrics, each the mean over the steps since the previous record;
     loss_max, the largest single-step loss among them, so a spike is not averaged away; learning_rate,
-    seconds since the run started; images_per_second and data_wait_fraction over the wall time since the
-    previous record (``Throughput``); val_accuracy/val_loss where evaluated).
+    seconds since the run started; over the wall time since the previous record (``Throughput``):
+    images_per_second, data_wait_fraction, tflops_per_second (achieved: the shared FLOP count x 3) and mfu (a
+    fraction of the device's dense peak, None where unknown; ``throughput.throughput_fields``);
+    val_accuracy/val_loss where evaluated).
     resumed_from: the checkpoint step the run started from, or None. seconds: wall time of this call.
     """
 
@@ -213,7 +216,10 @@ def _postfix(record: dict) -> dict[str, str]:
     """The progress bar's summary of a history record."""
     shown = {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.3f}"}
     if "images_per_second" in record:
-        shown.update({"img/s": f"{record['images_per_second']:.0f}", "wait": f"{record['data_wait_fraction']:.0%}"})
+        shown.update({"img/s": f"{record['images_per_second']:.0f}", "wait": f"{record['data_wait_fraction']:.0%}",
+                      "TFLOP/s": f"{record['tflops_per_second']:.3g}"})
+        if record.get("mfu") is not None:
+            shown["MFU"] = f"{record['mfu']:.1%}"
     return shown
 
 
@@ -361,6 +367,9 @@ def train(
                           "loss_max": max(float(m["loss"]) for m in host),
                           "learning_rate": float(schedule(step - 1)),
                           "seconds": time.perf_counter() - started, **throughput.record(step, feed.waited)}
+                if "images_per_second" in record:
+                    record.update(throughput_fields(model_config, record["images_per_second"], model_config.dtype,
+                                                    jax.devices()[0], num_devices=jax.device_count()))
                 window = []
                 if record.get("data_wait_fraction", 0.0) > INPUT_BOUND and not warned:
                     warned = True
@@ -389,8 +398,10 @@ def train(
             checkpoints.close()
     seconds = time.perf_counter() - started
     if progress and last > start_step:  # also a static record: a saved notebook shows progress bars at 0%
+        rate = next((r for r in reversed(history) if "images_per_second" in r), None)
         print(f"{model_config.name}: steps {start_step + 1}-{last} in {seconds:.0f} s, "
-              f"{(last - start_step) / seconds:.1f} steps/s (compilation and validation included)")
+              f"{(last - start_step) / seconds:.1f} steps/s (compilation and validation included)"
+              + (f"; last record: {format_throughput(rate['images_per_second'], rate)}" if rate else ""))
     return TrainResult(
         model=nnx.merge(graphdef, params, rest), history=history, resumed_from=resumed_from, seconds=seconds,
     )

@@ -114,3 +114,24 @@ def test_the_submission_folder_copied_into_the_sandbox_is_bounded(tmp_path, monk
     assert (copy / "notebook.ipynb").read_text() == "{}" and (copy / "a" / "b" / "c").is_dir()
     assert not (copy / "a" / "b" / "c" / "d").exists()
     assert sorted(p.name for p in Path(copy).iterdir()) == ["a", "notebook.ipynb"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop is a root grader's")
+def test_a_root_grader_where_mounts_are_withheld_still_grades_in_the_sandbox(tmp_path, monkeypatch):
+    """As in a container without CAP_SYS_ADMIN: no scratch tmpfs, and the kernel's uid still reaches its folders."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+    from moe_course.cli import main
+    from moe_course.course import budget, sandbox
+
+    if sandbox.unavailable(grade.SANDBOX_UID):
+        pytest.skip(sandbox.unavailable(grade.SANDBOX_UID))
+    sys.path.insert(0, str(SOLUTIONS.parent / "benchmarks"))
+    from grading import grade_batch
+
+    course = tmp_path / "course"
+    assert main(["course", "release", "02_moe_layer", "--course-dir", str(course), "--exercises",
+                 str(tmp_path / "exercises")]) == 0
+    monkeypatch.setattr(budget, "can_mount_scratch", lambda: False)
+    grade_batch(course, "02_moe_layer", 1, 1, True)  # asserts full marks
+    record = json.loads(next((course / "gradebooks" / "02_moe_layer").glob("*.json")).read_text())
+    assert "uid" in record["limits"] and "scratch" not in record["limits"], record["limits"]

@@ -106,6 +106,7 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
         if uid is not None:
             if os.environ.get(SCRATCH_TMPFS_ENV):
                 mount_scratch(scratch)
+            scratch.chmod(0o711)  # the sandbox's uid reaches its own folders here, and lists none of them
             cgroup = Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
                                    processes=MAX_PROCESSES)
         for folder in ("ipc", "answers"):

@@ -10,7 +10,9 @@ training augmentation (Inception crop + flip) and as an image-caption folder.
 Table 2: steps/s of ``train`` (the whole loop: pipeline, device feed, metrics, progress bar) against the bare
 jitted training step called on one batch already on the device, for digits-tiny and glyphs-tiny with their
 recipes' batch size; the loop's rate comes from its history record (images_per_second: compilation and worker
-start-up excluded). Rounds alternate the two; the best round of each is kept.
+start-up excluded). Each round times the bare step, then the loop right after it; the table gives the medians over
+the rounds and the median of each round's ratio, with its range (on a shared or throttled CPU the rates move by
+10-20% from one minute to the next, which a ratio of neighbours cancels).
 Usage: python benchmarks/input_pipeline.py [--workers 1 2] [--batches 40] [--loop-steps 300] [--quick]
 """
 
@@ -38,9 +40,10 @@ from moe_course.train.optim import make_optimizer
 from moe_course.train.steps import make_train_step
 from sizes import SizedParser
 
+IN_MEMORY_FACTOR = 24
 KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "imagefolder", "captions"]
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
-                presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=2, loop_workers=None)
+                presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None)
 QUICK = dict(kinds=["digits", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32, jpegs=32,
              jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0])
 
@@ -137,14 +140,14 @@ def pipeline_rate(dataset, batch_size: int, workers: int, batches: int) -> tuple
 
 def pipeline_table(args, files: dict[str, Path]) -> None:
     print(f"\nTable 1: the input pipeline alone, images/s (batches of {args.batch_size}, over the second half of "
-          f"{args.batches} batches, 8 times more for the in-memory kinds; image folders at {args.image_size} px with "
+          f"{args.batches} batches, {IN_MEMORY_FACTOR} times more for the in-memory kinds; image folders at {args.image_size} px with "
           f"Inception crop + flip, from {args.jpeg_sides[0]}-{args.jpeg_sides[1]} px JPEGs)")
     print(f"{'dataset':<16}" + "".join(f"{f'{w} worker(s)':>13}" for w in args.workers)
           + "".join(f"{f'{w}w/{args.workers[0]}w':>9}" for w in args.workers[1:]) + f"{'per CPU-s':>11}")
     for kind in args.kinds:
         size = args.image_size if kind in ("imagefolder", "captions") else None
         dataset = load_dataset(kind, files.get(kind), image_size=size)
-        batches = args.batches * (1 if size else 8)  # in-memory kinds are fast: more batches for a steady rate
+        batches = args.batches * (1 if size else IN_MEMORY_FACTOR)  # fast kinds: more batches for a steady rate
         rates = [pipeline_rate(dataset, args.batch_size, w, batches) for w in args.workers]
         print(f"{kind:<16}" + "".join(f"{r:>13.0f}" for r, _ in rates)
               + "".join(f"{r / rates[0][0]:>9.2f}" for r, _ in rates[1:]) + f"{rates[-1][1]:>11.0f}")
@@ -182,23 +185,25 @@ def loop_steps_per_second(config, dataset, batch_size: int, steps: int, workers:
 def loop_table(args) -> None:
     workers = args.loop_workers or sorted({0, default_workers()})
     print(f"\nTable 2: the training loop against its bare jitted step, steps/s ({args.loop_steps} steps after the "
-          f"first, best of {args.rounds} alternating round(s); the loop reads the pipeline with "
-          f"{' and '.join(map(str, workers))} worker(s))")
-    print(f"{'preset':<14}{'batch':>6}{'bare':>9}" + "".join(f"{f'loop w={w}':>11}{'ratio':>7}" for w in workers))
+          f"first; medians over {args.rounds} round(s), each timing the bare step and then the loop; the loop reads "
+          f"the pipeline with {' and '.join(map(str, workers))} worker(s); ratio: median of the rounds' ratios, "
+          f"[range])")
+    print(f"{'preset':<14}{'batch':>6}{'bare':>9}" + "".join(f"{f'loop w={w}':>11}{'ratio':>19}" for w in workers))
     for name in args.presets:
         config = get_preset("vit", name)
         batch_size = recipe_for(config).batch_size if not args.quick else args.batch_size
         dataset = load_dataset("digit-glyphs" if name.startswith("glyphs-") else "digits", None,
                                image_size=config.image_size)
         config = config.replace(num_classes=dataset.num_classes)
-        bare, loops = [], {w: [] for w in workers}
+        bare, loops, ratios = [], {w: [] for w in workers}, {w: [] for w in workers}
         for _ in range(args.rounds):
             bare.append(bare_steps_per_second(config, dataset, batch_size, args.loop_steps))
             for w in workers:
                 loops[w].append(loop_steps_per_second(config, dataset, batch_size, args.loop_steps, w))
-        best = max(bare)
-        print(f"{name:<14}{batch_size:>6}{best:>9.1f}"
-              + "".join(f"{max(loops[w]):>11.1f}{max(loops[w]) / best:>7.2f}" for w in workers))
+                ratios[w].append(loops[w][-1] / bare[-1])
+        cells = [f"{np.median(loops[w]):>11.1f}{np.median(ratios[w]):>7.2f} [{min(ratios[w]):.2f}-{max(ratios[w]):.2f}]"
+                 for w in workers]
+        print(f"{name:<14}{batch_size:>6}{np.median(bare):>9.1f}" + "".join(cells))
 
 
 def main() -> None:

@@ -14,9 +14,9 @@ from PIL import Image
 
 from moe_course.data import DataError, ImageFolder, train_batches
 from moe_course.data.augment import CROP_RATIO, example_rng, inception_crop_box
-from moe_course.data.base import to_uint8
+from moe_course.data.base import batch_indices, to_uint8
 from moe_course.data.folders import read_image
-from moe_course.data.pipeline import check_workers, close_pipeline, train_pipeline
+from moe_course.data.pipeline import check_workers, close_pipeline, steps_per_element, train_pipeline
 from moe_course.train import TrainConfig, train
 from moe_course.train.loop import InputBoundWarning, _postfix
 from moe_course.train.throughput import training_flops_per_image
@@ -150,6 +150,46 @@ def test_a_corrupt_file_read_in_a_worker_raises_naming_it(tmp_path):
     with pytest.raises(DataError, match=rf"^{bad}: not a readable image"):
         next(pipeline)
     close_pipeline(pipeline)
+
+
+class FailingDigits:
+    """The digits, failing to build any training batch holding example ``bad``."""
+
+    def __init__(self, base, bad):
+        self.base, self.bad = base, bad
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name == "base":  # unpickling in a worker looks up hooks before base is set
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def get_uint8(self, split, indices, *, epoch=0, augment=False):
+        if split == "train" and self.bad in indices:
+            raise DataError(f"example {self.bad}: broken")
+        return self.base.get_uint8(split, indices, epoch=epoch, augment=augment)
+
+
+def test_small_batches_travel_together_and_an_error_still_comes_at_its_step(small_digits, tmp_path):
+    assert steps_per_element(small_digits, 16, workers=2) == 16  # 16 KiB a batch: 16 steps an element
+    assert steps_per_element(small_digits, 16, workers=0) == 1
+    _scene(tmp_path / "a.jpg", size=(40, 30))
+    for split in ("train", "val"):
+        (tmp_path / "tree" / split / "a").mkdir(parents=True)
+        (tmp_path / "tree" / split / "a" / "0.jpg").write_bytes((tmp_path / "a.jpg").read_bytes())
+    assert steps_per_element(ImageFolder(tmp_path / "tree", image_size=224), 16, workers=2) == 1  # 2.4 MB
+    n = small_digits.split_size("train")
+    steps = [batch_indices(n, 16, seed=3, step=s)[1] for s in range(12)]
+    bad = int(np.setdiff1d(steps[9], np.concatenate(steps[2:9]))[0])
+    expected = [b for _, b in zip(range(9), train_batches(small_digits, 16, seed=3))]
+    pipeline = train_pipeline(FailingDigits(small_digits, bad), 16, seed=3, start_step=2, stop_step=12, workers=1)
+    got = []
+    with pytest.raises(DataError, match=f"example {bad}: broken"):
+        for batch in pipeline:
+            got.append(batch["label"])
+    close_pipeline(pipeline)
+    assert len(got) == 7  # steps 2-8, then step 9's error, though steps 2-12 crossed from the worker together
+    for want, labels in zip(expected[2:], got):
+        np.testing.assert_array_equal(labels, want["label"])
 
 
 class SlowDigits:

@@ -3,7 +3,10 @@
 Grain (google/grain, the JAX ecosystem's data loader, used by MaxText) runs it: ``grain.MapDataset.range``
 over the global batch steps, ``map`` to the batch of each step (``TrainBatch``), and ``mp_prefetch`` over
 ``workers`` processes (``grain.MultiprocessingOptions``). Worker i of n builds steps i, i+n, i+2n, ... and Grain
-interleaves them back in step order, each batch crossing to the main process through shared memory.
+interleaves them back in step order, each batch crossing to the main process through shared memory. Small
+batches (the digits, CIFAR) travel several consecutive steps to one Grain element (``steps_per_element``): each
+element costs the main process about half a millisecond to receive, which at thousands of small batches a
+second would otherwise take the core a second worker needs.
 
 Batch s lists the examples of the s-th slice of the shuffled epoch orders (``base.batch_indices``) and the
 dataset builds them with randomness of their own, a function of (seed, epoch, index): the digits' fresh
@@ -14,6 +17,7 @@ the pipeline at s (``train_pipeline(start_step=s)``), which gives the batches th
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
 
@@ -23,6 +27,8 @@ from moe_course.data.base import ImageDataset, batch_indices, check_split, epoch
 
 
 SHARED_MEMORY_FROM = 8 * 2**20  # bytes: arrays at least this large reach the main process through shared memory
+ELEMENT_BYTES = 2**20  # with workers, consecutive batches smaller than this travel together, up to MAX_STEPS_PER_ELEMENT
+MAX_STEPS_PER_ELEMENT = 16
 
 
 def default_workers() -> int:
@@ -59,6 +65,58 @@ class TrainBatch:
         return training_batch(self.dataset, indices, epoch=epoch)
 
 
+class TrainBatches:
+    """``TrainBatches(batch, count, stop)(s)``: the batches of steps s .. min(s + count, stop) - 1 as a list, an
+    exception raised while building one in its place (``Unchunked`` raises it when its step comes)."""
+
+    def __init__(self, batch: TrainBatch, count: int, stop: int):
+        self.batch, self.count, self.stop = batch, count, stop
+
+    def __call__(self, first) -> list:
+        out = []
+        for step in range(int(first), min(int(first) + self.count, self.stop)):
+            try:
+                out.append(self.batch(step))
+            except Exception as exc:  # noqa: BLE001 -- raised in step order by Unchunked
+                out.append(exc)
+                break
+        return out
+
+
+class Unchunked:
+    """The batches of an iterator over ``TrainBatches`` lists, one at a time, in step order; ``close()`` ends the
+    underlying Grain iterator."""
+
+    def __init__(self, chunks):
+        self._chunks, self._ready = chunks, collections.deque()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        while not self._ready:
+            self._ready.extend(next(self._chunks))
+        batch = self._ready.popleft()
+        if isinstance(batch, Exception):
+            raise batch
+        return batch
+
+    def close(self) -> None:
+        self._ready.clear()
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def steps_per_element(dataset: ImageDataset, batch_size: int, workers: int) -> int:
+    """Consecutive training batches per Grain element: 1 without workers or for batches of ``ELEMENT_BYTES`` or
+    more (uint8 images), else as many as fit in ``ELEMENT_BYTES``, at most ``MAX_STEPS_PER_ELEMENT``."""
+    if not workers:
+        return 1
+    batch_bytes = batch_size * int(np.prod(dataset.image_shape))
+    return int(min(MAX_STEPS_PER_ELEMENT, max(1, ELEMENT_BYTES // max(batch_bytes, 1))))
+
+
 def _exit_with_parent(index: int, count: int) -> None:
     """Worker start-up (``worker_init_fn``): end this worker as soon as the training process is gone, also when
     it was killed (SIGKILL runs no clean-up); otherwise the worker would wait forever to hand over a batch."""
@@ -91,7 +149,9 @@ def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_s
     stop = stop_step if stop_step is not None else 2**62
     if not 0 <= start_step <= stop:
         raise ValueError(f"start_step={start_step} is not allowed; use 0 <= start_step <= stop_step={stop}")
-    steps = grain.MapDataset.range(start_step, stop).map(TrainBatch(dataset, batch_size, seed))
+    chunk = steps_per_element(dataset, batch_size, workers)
+    steps = grain.MapDataset.range(start_step, stop, chunk).map(
+        TrainBatches(TrainBatch(dataset, batch_size, seed), chunk, stop))
     # In the workers a batch is built in the worker's own loop (the process buffer holds the ready ones); without
     # workers one thread builds them ahead while the training step runs.
     steps = steps.to_iter_dataset(grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=buffer))
@@ -106,7 +166,7 @@ def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_s
             flags.FLAGS.mark_as_parsed()
         steps = steps.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers, per_worker_buffer_size=buffer),
                                   worker_init_fn=_exit_with_parent)
-    return iter(steps)
+    return Unchunked(iter(steps))
 
 
 def close_pipeline(iterator) -> None:

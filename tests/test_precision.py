@@ -25,14 +25,15 @@ FAMILIES = [("vmoe", "digits-tiny-moe", {}), ("soft-moe", "digits-tiny-soft", {}
 
 
 class RecordingLinear(nnx.Module):
-    """Wraps a router's Linear and sows the logits it returns (``nnx.Intermediate`` "logits")."""
+    """Wraps a router's Linear and keeps the logits it returns (an ``nnx.Intermediate`` "logits"; assigned, not
+    ``sow``-n: newer flax deprecates ``sow`` outside ``nnx.capture``)."""
 
     def __init__(self, linear: nnx.Linear):
         self.linear = linear
 
     def __call__(self, x):
         y = self.linear(x)
-        self.sow(nnx.Intermediate, "logits", y)
+        self.logits = nnx.Intermediate(y)
         return y
 
 

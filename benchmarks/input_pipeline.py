@@ -43,9 +43,11 @@ from sizes import SizedParser
 IN_MEMORY_FACTOR = 24
 KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "imagefolder", "captions"]
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
-                presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None)
+                presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None,
+                pipeline_rounds=3)
 QUICK = dict(kinds=["digits", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32, jpegs=32,
-             jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0])
+             jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0],
+             pipeline_rounds=1)
 
 
 def _canvases(count: int, seed: int) -> np.ndarray:
@@ -139,7 +141,8 @@ def pipeline_rate(dataset, batch_size: int, workers: int, batches: int) -> tuple
 
 
 def pipeline_table(args, files: dict[str, Path]) -> None:
-    print(f"\nTable 1: the input pipeline alone, images/s (batches of {args.batch_size}, over the second half of "
+    print(f"\nTable 1: the input pipeline alone, images/s (medians of {args.pipeline_rounds} alternating round(s); "
+          f"batches of {args.batch_size}, over the second half of "
           f"{args.batches} batches, {IN_MEMORY_FACTOR} times more for the in-memory kinds; image folders at {args.image_size} px with "
           f"Inception crop + flip, from {args.jpeg_sides[0]}-{args.jpeg_sides[1]} px JPEGs)")
     print(f"{'dataset':<16}" + "".join(f"{f'{w} worker(s)':>13}" for w in args.workers)
@@ -148,9 +151,14 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
         size = args.image_size if kind in ("imagefolder", "captions") else None
         dataset = load_dataset(kind, files.get(kind), image_size=size)
         batches = args.batches * (1 if size else IN_MEMORY_FACTOR)  # fast kinds: more batches for a steady rate
-        rates = [pipeline_rate(dataset, args.batch_size, w, batches) for w in args.workers]
-        print(f"{kind:<16}" + "".join(f"{r:>13.0f}" for r, _ in rates)
-              + "".join(f"{r / rates[0][0]:>9.2f}" for r, _ in rates[1:]) + f"{rates[-1][1]:>11.0f}")
+        runs = {w: [] for w in args.workers}
+        for _ in range(args.pipeline_rounds):  # alternate the counts: a slow minute hits all of them
+            for w in args.workers:
+                runs[w].append(pipeline_rate(dataset, args.batch_size, w, batches))
+        rates = [np.median([r for r, _ in runs[w]]) for w in args.workers]
+        per_cpu = np.median([c for _, c in runs[args.workers[-1]]])
+        print(f"{kind:<16}" + "".join(f"{r:>13.0f}" for r in rates)
+              + "".join(f"{r / rates[0]:>9.2f}" for r in rates[1:]) + f"{per_cpu:>11.0f}")
     print("per CPU-s: images per CPU-second of the workers at the largest count (one worker's rate with a core of "
           "its own)")
 
@@ -216,7 +224,8 @@ def main() -> None:
                         help="worker counts of the loop in table 2 (default: 0 and the cores; --quick: 0)")
     for name, kind, text in [("batches", int, "timed batches per pipeline"), ("batch_size", int, "images per batch"),
                              ("image_size", int, "image-folder side in px"), ("jpegs", int, "JPEG files made"),
-                             ("loop_steps", int, "timed steps of table 2"), ("rounds", int, "rounds of table 2")]:
+                             ("loop_steps", int, "timed steps of table 2"), ("rounds", int, "rounds of table 2"),
+                             ("pipeline_rounds", int, "rounds of table 1")]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} {parser.size(name)}")
     parser.add_argument("--presets", nargs="+", help=f"vit presets of table 2 {parser.size('presets')}")
     parser.add_argument("--jpeg-sides", type=int, nargs=2, help=f"JPEG side range in px {parser.size('jpeg_sides')}")

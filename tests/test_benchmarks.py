@@ -206,5 +206,6 @@ def test_input_pipeline_benchmark():
     for kind in ("digits", "imagefolder"):  # images/s at 0 and 1 workers, the ratio, images/s per worker
         row = _row(out, "Table 1", kind)
         assert len(row) == 5 and all(_is_number(field) for field in row[1:]), row
-    loop = _row(out, "Table 2", "digits-tiny")  # batch, bare steps/s, loop steps/s and loop/bare at 0 workers
-    assert len(loop) == 5 and all(_is_number(field) for field in loop[1:]), loop
+    loop = _row(out, "Table 2", "digits-tiny")  # batch, bare steps/s, loop steps/s, loop/bare and its range, 0 workers
+    assert len(loop) == 6 and all(_is_number(field) for field in loop[1:5]), loop
+    assert all(_is_number(f) for f in loop[5].strip("[]").split("-")), loop

@@ -40,6 +40,7 @@ def test_attention_benchmark():
     assert len(row) == 4 and all(_is_number(field) for field in row)
 
 
+@pytest.mark.slow
 def test_moe_layer_benchmark():
     # --max-onehot-gib small enough that the 256-token group of --quick takes the skip path, not the 64 one.
     out = _run("moe_layer.py", "--quick", "--max-onehot-gib", "0.0003")
@@ -54,6 +55,7 @@ def test_moe_layer_benchmark():
     assert len(products) == 9 and all(_is_number(field) for field in products)
 
 
+@pytest.mark.slow
 def test_soft_moe_benchmark():
     out = _run("soft_moe.py", "--quick")
     assert "soft/dense" in out and "tc/soft" in out and "smallest batch with soft/dense <= 1.5:" in out
@@ -63,6 +65,7 @@ def test_soft_moe_benchmark():
     assert len(sweep) == 6 and all(_is_number(field) for field in sweep)
 
 
+@pytest.mark.slow
 def test_limoe_benchmark():
     out = _run("limoe.py", "--quick")
     assert "limoe/dense: FLOPs" in out
@@ -83,6 +86,7 @@ def _run_help(script: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_mod_benchmark():
     out = _run("mod.py", "--quick")
     row = _row(out, "MoD/full", "attention")
@@ -99,6 +103,7 @@ def test_torch_vs_jax_benchmark():
         assert all(_is_number(field) for field in row[-3:]), row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["dense", "soft"])
 def test_glyphs_sweep_trains_and_reports_one_json_line(kind, tmp_path):
     out = _run("glyphs_sweep.py", kind, "--width", "16", "--mlp", "16", "--heads", "2", "--experts", "4",
@@ -141,6 +146,7 @@ def test_glyphs_sweep_defaults_are_the_cli_presets_and_recipes():
         glyphs_sweep.configs(glyphs_sweep.parse(["ec", "--allocation", "vanilla"]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classic", "dense"])
 def test_limoe_sweep_trains_and_reports_one_json_line(kind, tmp_path):
     out = _run("limoe_sweep.py", kind, "--patch-size", "16", "--experts", "4", "--steps", "4", "--batch", "16",

@@ -53,6 +53,7 @@ def test_train_then_evaluate_and_resume(tmp_path, capsys):
     assert "step: 6" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_mod_adapts_a_trained_vit_and_refuses_mismatches(tmp_path, capsys):
     small = ["--image-size", "16", "--batch-size", "16", "--steps", "2", "--warmup-steps", "1", "--no-progress"]
     assert main(["train", "vit", "--preset", "digits-small", "--workdir", str(tmp_path / "vit")] + small) == 0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 from PIL import Image
 
@@ -110,6 +111,7 @@ def _run_until(command: list[str], moment, env: dict, *, poll: float = 0.002) ->
             proc.wait()
 
 
+@pytest.mark.slow
 def test_sigkill_at_any_moment_then_restart_ends_like_an_uninterrupted_run(tmp_path):
     args = ("--batch-size", "16", "--steps", "8", "--checkpoint-every", "4")
     env = _env(tmp_path)

@@ -15,6 +15,7 @@ def _leaves(model):
     return jax.tree.leaves(nnx.state(model, nnx.Param))
 
 
+@pytest.mark.slow
 def test_side_by_side_runs_equal_the_same_runs_one_after_another(small_digits, tiny_vit_config, tmp_path):
     wide = tiny_vit_config.replace(name="test-wide", mlp_dim=48)
     configs = {"a/narrow": RUN, "wide": RUN.replace(batch_size=8, checkpoint_every=2)}
@@ -33,6 +34,7 @@ def test_side_by_side_refuses_a_run_without_a_train_config(small_digits, tiny_vi
         train_side_by_side({"a": tiny_vit_config, "b": tiny_vit_config}, small_digits, {"a": RUN})
 
 
+@pytest.mark.slow
 def test_evaluate_routings_equals_evaluating_each_routing_in_turn_and_leaves_the_model(small_digits, tiny_vit_config):
     config = VMoEConfig(**{**tiny_vit_config.__dict__, "name": "test-moe", "num_experts": 4, "k": 2,
                            "group_size": 2, "moe_last_n": 1})

@@ -44,6 +44,7 @@ def test_batches_follow_the_steps_whatever_the_number_of_workers(small_digits):
         close_pipeline(pipeline)
 
 
+@pytest.mark.slow
 def test_kill_and_resume_with_two_workers_equals_the_uninterrupted_run(small_digits, tiny_vit_config, tmp_path):
     straight = train(tiny_vit_config, small_digits, FAST, progress=False, data_workers=0)
     first = train(tiny_vit_config, small_digits, FAST, workdir=tmp_path, progress=False, stop_after=4, data_workers=2)

@@ -93,6 +93,7 @@ def routings(draw):
     return logits, k, capacity, experts, method, keep
 
 
+@pytest.mark.slow
 @settings(derandomize=True, max_examples=30, deadline=None)
 @given(case=routings())
 def test_allocations_equal_the_literal_loops_on_random_shapes_ties_and_capacities(case):

@@ -83,6 +83,7 @@ def test_vmoe_logits_and_routing(case):
     assert_vmoe_equal(model, outputs(case))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["vmoe_s32_every2", "vmoe_s32_last2"])
 def test_vmoe_paper_size_logits_and_routing(case):
     """V-MoE S/32 with 32 experts at 224 px, weights regenerated from their names (too large to store)."""

@@ -96,6 +96,7 @@ def test_temporary_routing_restores_the_previous_settings_even_after_an_error():
     assert model.config.capacity_ratio == TINY.capacity_ratio
 
 
+@pytest.mark.slow
 def test_training_records_aux_loss_and_resumes(small_digits, tmp_path):
     config = TrainConfig(steps=6, batch_size=16, learning_rate=3e-3, warmup_steps=2, log_every=2, eval_every=3,
                          checkpoint_every=3, eval_batch_size=16)

@@ -6,7 +6,8 @@ after the workers have started, the scaling from the first count, and images per
 Data made here: the embedded digits (``digits``, ``digit-glyphs``, ``digits-captions``), a CIFAR-10 archive
 layout of colourised digit canvases, and JPEGs of ImageNet-like sizes (300-500 px sides: upscaled digit
 canvases in colour on smooth textured backgrounds) read as an image folder at --image-size px with the
-training augmentation (Inception crop + flip) and as an image-caption folder.
+training augmentation (Inception crop + flip) and as an image-caption folder; ``imagefolder+randaugment`` adds
+RandAugment (2, 10) after the crop and flip (kornia, ``data.randaugment``; skipped, saying why, without it).
 Table 2: steps/s of ``train`` (the whole loop: pipeline, device feed, metrics, progress bar) against the bare
 jitted training step called on one batch already on the device, for digits-tiny and glyphs-tiny with their
 recipes' batch size; the loop's rate comes from its history record (images_per_second: compilation and worker
@@ -33,6 +34,7 @@ from PIL import Image
 from moe_course.configs import get_preset
 from moe_course.data import load_dataset
 from moe_course.data.pipeline import close_pipeline, default_workers, train_pipeline
+from moe_course.data.randaugment import RandAugmentUnavailable
 from moe_course.models import build_model
 from moe_course.recipes import recipe_for
 from moe_course.train import train
@@ -41,7 +43,9 @@ from moe_course.train.steps import make_train_step
 from sizes import SizedParser
 
 IN_MEMORY_FACTOR = 24
-KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "imagefolder", "captions"]
+KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "imagefolder", "imagefolder+randaugment",
+         "captions"]
+RANDAUGMENT = (2, 10)  # V-MoE's (N, M)
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
                 presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None,
                 pipeline_rounds=3)
@@ -144,12 +148,20 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
     print(f"\nTable 1: the input pipeline alone, images/s (medians of {args.pipeline_rounds} alternating round(s); "
           f"batches of {args.batch_size}, over the second half of "
           f"{args.batches} batches, {IN_MEMORY_FACTOR} times more for the in-memory kinds; image folders at {args.image_size} px with "
-          f"Inception crop + flip, from {args.jpeg_sides[0]}-{args.jpeg_sides[1]} px JPEGs)")
-    print(f"{'dataset':<16}" + "".join(f"{f'{w} worker(s)':>13}" for w in args.workers)
+          f"Inception crop + flip (+randaugment: then RandAugment {RANDAUGMENT}), from "
+          f"{args.jpeg_sides[0]}-{args.jpeg_sides[1]} px JPEGs)")
+    print(f"{'dataset':<24}" + "".join(f"{f'{w} worker(s)':>13}" for w in args.workers)
           + "".join(f"{f'{w}w/{args.workers[0]}w':>9}" for w in args.workers[1:]) + f"{'per CPU-s':>11}")
     for kind in args.kinds:
-        size = args.image_size if kind in ("imagefolder", "captions") else None
-        dataset = load_dataset(kind, files.get(kind), image_size=size)
+        name, _, extra = kind.partition("+")  # "imagefolder+randaugment": the image folder with RandAugment
+        size = args.image_size if name in ("imagefolder", "captions") else None
+        try:
+            dataset = load_dataset(name, files.get(name), image_size=size,
+                                   randaugment=RANDAUGMENT if extra == "randaugment" else None)
+        except RandAugmentUnavailable as err:
+            print(f"{kind:<24}skipped: RandAugment needs PyTorch and kornia ({err.__cause__}); "
+                  f"pip install -e '.[augment]' after a PyTorch wheel")
+            continue
         batches = args.batches * (1 if size else IN_MEMORY_FACTOR)  # fast kinds: more batches for a steady rate
         runs = {w: [] for w in args.workers}
         for _ in range(args.pipeline_rounds):  # alternate the counts: a slow minute hits all of them
@@ -157,7 +169,7 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
                 runs[w].append(pipeline_rate(dataset, args.batch_size, w, batches))
         rates = [np.median([r for r, _ in runs[w]]) for w in args.workers]
         per_cpu = np.median([c for _, c in runs[args.workers[-1]]])
-        print(f"{kind:<16}" + "".join(f"{r:>13.0f}" for r in rates)
+        print(f"{kind:<24}" + "".join(f"{r:>13.0f}" for r in rates)
               + "".join(f"{r / rates[0]:>9.2f}" for r in rates[1:]) + f"{per_cpu:>11.0f}")
     print("per CPU-s: images per CPU-second of the workers at the largest count (one worker's rate with a core of "
           "its own)")

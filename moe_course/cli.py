@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--data-workers", type=int, default=None, metavar="N",
                        help="processes that build the training batches (Grain workers; 0: one thread of the "
                             "training process; default: the cores this process may use)")
+    train.add_argument("--randaugment", type=_number, nargs=2, default=None, metavar=("N", "M"),
+                       help="RandAugment after the crop and flip of an image folder's training images: N operations "
+                            "at magnitude M (TensorFlow's scale, 10 = full range; V-MoE: 2 10); kornia, from the "
+                            "augment extra (docs/data.md); default: none")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_routing_args(train, "train with other settings than the preset's")
     _add_scale_args(train)
@@ -98,6 +102,18 @@ def _parser() -> argparse.ArgumentParser:
     _add_routing_args(evaluate, "evaluate the trained model with other settings")
     course_cli.add_parser(sub)
     return parser
+
+
+def _number(text: str) -> int | float:
+    """A command-line number: int where it is written as one ("2"), else float ("10.5"); argparse names the
+    option when neither parses."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+_number.__name__ = "number"  # argparse's message: "invalid number value: 'x'"
 
 
 def _add_routing_args(parser: argparse.ArgumentParser, purpose: str) -> None:
@@ -238,10 +254,12 @@ def _train(args) -> dict:
     import jax
 
     from moe_course.data.pipeline import check_workers, default_workers
+    from moe_course.data.randaugment import check_randaugment
     from moe_course.train import report_devices, train
     from moe_course.train.precision import describe_precision, resolve_dtype
 
     data_workers = default_workers() if args.data_workers is None else check_workers(args.data_workers)
+    randaugment = None if args.randaugment is None else check_randaugment(tuple(args.randaugment))
     model_config = get_preset(args.model, args.preset)
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
@@ -259,7 +277,7 @@ def _train(args) -> dict:
     }
     train_config = recipe.replace(**overrides)
     dataset = load_dataset(_dataset_name(args, model_config), args.data_dir, image_size=model_config.image_size,
-                           seed=args.seed)
+                           seed=args.seed, randaugment=randaugment)
     classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
     model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))

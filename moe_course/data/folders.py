@@ -24,6 +24,7 @@ from PIL import Image
 
 from moe_course.data.augment import example_rng, flip_left_right, inception_crop_box
 from moe_course.data.base import SPLITS, DataError, check_indices
+from moe_course.data.randaugment import apply_randaugment, check_randaugment, randaugment_module
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 
@@ -128,18 +129,24 @@ class ImageFolder:
 
     Batches: ``image`` (n, S, S, 3) float32 in [0, 1] with S = ``image_size`` (shorter side resized to S,
     then center crop), ``label`` (n,) int32 in [0, num_classes). Training batches of the input pipeline
-    (``get_uint8(..., augment=True)``) are Inception crops with flips instead, drawn from ``seed``.
+    (``get_uint8(..., augment=True)``) are Inception crops with flips instead, drawn from ``seed``, followed by
+    RandAugment (N, M) = ``randaugment`` where given (``data.randaugment``; None: none).
 
     Raises:
       DataError: in the constructor for a missing ``root``, ``train/`` or ``val/``, a split without class
         folders, a class folder without images, or a val/test class that train lacks; in ``get`` for an
         image file that cannot be read. The one-line message names the path and what was expected.
-      ValueError: a bad ``image_size``.
+      ValueError: a bad ``image_size`` or ``randaugment``; ``randaugment.RandAugmentUnavailable`` (a ValueError)
+        for ``randaugment`` without PyTorch or kornia installed. Both before the files are listed.
     """
 
-    def __init__(self, root: str | os.PathLike, *, image_size: int = 224, name: str = "imagefolder", seed: int = 0):
+    def __init__(self, root: str | os.PathLike, *, image_size: int = 224, name: str = "imagefolder", seed: int = 0,
+                 randaugment: tuple[int, float] | None = None):
         if image_size < 1:
             raise ValueError(f"image_size={image_size} is not allowed; use a side of at least 1 pixel")
+        self.randaugment = None if randaugment is None else check_randaugment(randaugment)
+        if self.randaugment is not None:
+            randaugment_module(*self.randaugment)  # kornia here, now; a worker process builds its own copy
         root = Path(root)
         expected = f"expected {root}/train/<class>/<image files> and {root}/val/<class>/<image files>"
         if not root.is_dir():
@@ -185,10 +192,15 @@ class ImageFolder:
     def get_uint8(self, split: str, indices: np.ndarray, *, epoch: int = 0, augment: bool = False
                   ) -> dict[str, np.ndarray]:
         """``get``'s batch with "image" (n, S, S, 3) uint8 in [0, 255]. ``augment``: the training augmentation
-        instead of the evaluation crop -- Inception crop and flip (``read_image``), drawn for each example from
-        (the dataset's ``seed``, ``epoch``, its index). Raises as ``get``."""
+        instead of the evaluation crop -- Inception crop and flip (``read_image``), then RandAugment where the
+        dataset has it (``randaugment.apply_randaugment``), drawn for each example from (the dataset's ``seed``,
+        ``epoch``, its index). Raises as ``get``."""
         indices = check_indices(self, split, indices)
         paths = [self._files[split][i] for i in indices]
         seeds = [(self.seed, epoch, int(i)) for i in indices] if augment else None
-        return {"image": read_images(paths, self.image_shape[0], augment_seeds=seeds),
-                "label": self._labels[split][indices]}
+        images = read_images(paths, self.image_shape[0], augment_seeds=seeds)
+        if augment and self.randaugment is not None:
+            for row, index in enumerate(indices):
+                images[row] = apply_randaugment(images[row], self.randaugment, seed=self.seed, epoch=epoch,
+                                                index=int(index))
+        return {"image": images, "label": self._labels[split][indices]}

@@ -11,6 +11,7 @@ from moe_course.data.captioned import CaptionedDigits
 from moe_course.data.cifar import Cifar
 from moe_course.data.digits import ClutteredDigits, DigitsConfig
 from moe_course.data.folders import ImageFolder
+from moe_course.data.randaugment import format_randaugment
 
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "digits-captions", "captions", "digit-glyphs")
 GLYPHS_PER_DIGIT = 80  # digit-glyphs: 800 classes, the parameter-bound regime of docs/results.md, "Where experts pay"
@@ -39,7 +40,8 @@ def data_kind(path: str | os.PathLike) -> str:
 
 
 def load_dataset(
-    name: str, path: str | os.PathLike | None = None, *, image_size: int | None = None, seed: int = 0
+    name: str, path: str | os.PathLike | None = None, *, image_size: int | None = None, seed: int = 0,
+    randaugment: tuple[int, float] | None = None,
 ) -> ImageDataset:
     """The dataset ``name`` (one of ``DATASETS``).
 
@@ -52,15 +54,20 @@ def load_dataset(
     5000 training images. imagefolder: ``path`` = a ``train/`` + ``val/`` class-folder tree (see ``ImageFolder``).
     ``image_size`` (None: the dataset's own default -- 32, 32, 32, 224) sets the returned image side; ``seed``
     fixes the digits' canvases and the training crops of image folders and caption folders (CIFAR has no
-    randomness).
+    randomness). ``randaugment`` (image folders only): RandAugment (N, M) after the training crop and flip
+    (``ImageFolder``, ``data.randaugment``); None: none.
 
     Raises:
-      ValueError: an unknown ``name``.
+      ValueError: an unknown ``name``; ``randaugment`` for another dataset than imagefolder, or a bad one (also
+        ``randaugment.RandAugmentUnavailable``, a ValueError, without PyTorch or kornia) -- before any file is read.
       DataError: a missing ``path`` where one is needed, a ``path`` for digits, or a bad path/layout/file;
         for files of another kind (an image folder given to cifar10, ...) one line naming both kinds.
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
+    if randaugment is not None and name != "imagefolder":
+        raise ValueError(f"randaugment={format_randaugment(randaugment)} applies to image folders (dataset "
+                         f"'imagefolder'); dataset {name!r} has no RandAugment: leave it out")
     if name in ("digits", "digits-captions", "digit-glyphs"):
         if path is not None:
             raise DataError(f"{path}: dataset {name!r} is embedded and takes no path; drop --data-dir")
@@ -75,7 +82,7 @@ def load_dataset(
             return Cifar(path, variant=name, image_size=image_size or 32)
         if name == "captions":
             return ImageCaptions(path, image_size=image_size or 224, seed=seed)
-        return ImageFolder(path, image_size=image_size or 224, seed=seed)
+        return ImageFolder(path, image_size=image_size or 224, seed=seed, randaugment=randaugment)
     except DataError as error:
         found = data_kind(path)
         if found in ("unknown", name) or (found == "cifar" and name.startswith("cifar")):

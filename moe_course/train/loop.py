@@ -303,8 +303,10 @@ def train(
         checkpoints = RunCheckpoints(workdir, keep=config.keep_checkpoints)
         checkpoints.check_run_config(
             {"model": config_to_dict(model_config), "train": config,
-             "data": {"name": dataset.name, "shape": list(dataset.image_shape)}},
-            defaults={"model": config_to_dict(type(model_config)()), "train": dataclasses.asdict(TrainConfig())},
+             "data": {"name": dataset.name, "shape": list(dataset.image_shape),
+                      "randaugment": getattr(dataset, "randaugment", None)}},
+            defaults={"model": config_to_dict(type(model_config)()), "train": dataclasses.asdict(TrainConfig()),
+                      "data": {"randaugment": None}},  # runs recorded before the option had none
         )
         newest = checkpoints.restore_newest({"params": params, "opt_state": opt_state}, set_aside_damaged=True)
         if newest is not None:

@@ -102,7 +102,6 @@ class DeviceFeed:
         return batch
 
 
-DATA_NICENESS = 10  # nice value added to the threads building batches when the step runs on the CPU
 INPUT_BOUND = 0.10  # data_wait_fraction above which a run warns (once) that it waits for its input
 
 
@@ -327,10 +326,8 @@ def train(
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     # Every step the loop only dispatches work: metrics stay on the device until a record is logged.
-    # On a CPU backend the step's threads and the batch builders share the cores: the step goes first.
     pipeline = train_pipeline(dataset, config.batch_size, seed=config.seed, start_step=start_step,
-                              stop_step=max(last, start_step), workers=data_workers,
-                              niceness=DATA_NICENESS if jax.default_backend() == "cpu" else 0)
+                              stop_step=max(last, start_step), workers=data_workers)
     put_batch = jax.device_put if mesh is None else (lambda batch: shard_batch(batch, mesh))
     batch = feed = None
     throughput = Throughput(config.batch_size)

@@ -1,7 +1,6 @@
 """The Grain input pipeline: batches in step order whatever the workers, uint8 to the device, exact resume with
 worker processes, the image folders' training augmentation, errors from workers, and what a run reports."""
 
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -192,38 +191,6 @@ def test_small_batches_travel_together_and_an_error_still_comes_at_its_step(smal
     assert len(got) == 7  # steps 2-8, then step 9's error, though steps 2-12 crossed from the worker together
     for want, labels in zip(expected[2:], got):
         np.testing.assert_array_equal(labels, want["label"])
-
-
-class PriorityDigits:
-    """The digits, noting the nice value of the thread that builds each training batch."""
-
-    def __init__(self, base):
-        self.base, self.nice = base, []
-
-    def __getattr__(self, name):
-        if name.startswith("__") or name in ("base", "nice"):
-            raise AttributeError(name)
-        return getattr(self.base, name)
-
-    def get_uint8(self, split, indices, *, epoch=0, augment=False):
-        import os
-        import threading
-
-        self.nice.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-        return self.base.get_uint8(split, indices, epoch=epoch, augment=augment)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice values are per thread on Linux only")
-def test_batches_are_built_at_the_given_lower_priority_and_the_caller_keeps_its_own(small_digits):
-    import os
-
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    dataset = PriorityDigits(small_digits)
-    pipeline = train_pipeline(dataset, 16, seed=0, stop_step=3, niceness=5)
-    assert len(list(pipeline)) == 3
-    close_pipeline(pipeline)
-    assert dataset.nice and set(dataset.nice) == {min(19, own + 5)}
-    assert os.getpriority(os.PRIO_PROCESS, 0) == own
 
 
 class SlowDigits:

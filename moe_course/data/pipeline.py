@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import os
-import sys
 import threading
 
 import numpy as np
@@ -66,32 +65,14 @@ class TrainBatch:
         return training_batch(self.dataset, indices, epoch=epoch)
 
 
-def lower_this_thread(niceness: int) -> None:
-    """Add ``niceness`` to the calling thread's nice value (Linux: nice values are per thread), at most once
-    per thread; elsewhere nothing. The cores then go to the training step's threads first."""
-    if not niceness or not sys.platform.startswith("linux") or getattr(_lowered, "done", False):
-        return
-    tid = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness))
-    except OSError:  # e.g. a seccomp profile without setpriority: the batches are built all the same
-        pass
-    _lowered.done = True
-
-
-_lowered = threading.local()
-
-
 class TrainBatches:
-    """``TrainBatches(batch, count, stop, niceness)(s)``: the batches of steps s .. min(s + count, stop) - 1 as a
-    list, an exception raised while building one in its place (``Unchunked`` raises it when its step comes),
-    built at ``niceness`` (``lower_this_thread``)."""
+    """``TrainBatches(batch, count, stop)(s)``: the batches of steps s .. min(s + count, stop) - 1 as a list, an
+    exception raised while building one in its place (``Unchunked`` raises it when its step comes)."""
 
-    def __init__(self, batch: TrainBatch, count: int, stop: int, niceness: int = 0):
-        self.batch, self.count, self.stop, self.niceness = batch, count, stop, niceness
+    def __init__(self, batch: TrainBatch, count: int, stop: int):
+        self.batch, self.count, self.stop = batch, count, stop
 
     def __call__(self, first) -> list:
-        lower_this_thread(self.niceness)
         out = []
         for step in range(int(first), min(int(first) + self.count, self.stop)):
             try:
@@ -149,15 +130,13 @@ def _exit_with_parent(index: int, count: int) -> None:
 
 
 def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_step: int = 0,
-                   stop_step: int | None = None, workers: int = 0, buffer: int = 2, niceness: int = 0):
+                   stop_step: int | None = None, workers: int = 0, buffer: int = 2):
     """An iterator over the training batches ``start_step`` .. ``stop_step - 1`` (0-based; None: endless) of
     ``dataset``, built by Grain: in ``workers`` processes, or with 0 in one background thread of this process.
 
     Batch s is ``TrainBatch(dataset, batch_size, seed)(s)``: the same batches ``base.train_batches`` lists, with
     "image" (batch_size, H, W, C) uint8 (float32 for a dataset class without ``get_uint8``) and the dataset's
-    other fields. ``buffer``: elements each worker (or the thread) keeps ready. ``niceness``: added to the nice
-    value of the threads that build the batches (Linux), so that a training step on the same CPU cores runs
-    first. End it with ``close_pipeline``
+    other fields. ``buffer``: elements each worker (or the thread) keeps ready. End it with ``close_pipeline``
     once its batches are dropped, to end the workers and free their shared memory. An error raised while
     building a batch (e.g. ``DataError`` naming a corrupt file) is raised by ``next`` on the iterator, in step
     order, also from a worker. Raises ValueError for ``workers`` < 0, ``batch_size`` larger than the training
@@ -173,7 +152,7 @@ def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_s
         raise ValueError(f"start_step={start_step} is not allowed; use 0 <= start_step <= stop_step={stop}")
     chunk = steps_per_element(dataset, batch_size, workers)
     steps = grain.MapDataset.range(start_step, stop, chunk).map(
-        TrainBatches(TrainBatch(dataset, batch_size, seed), chunk, stop, niceness))
+        TrainBatches(TrainBatch(dataset, batch_size, seed), chunk, stop))
     # In the workers a batch is built in the worker's own loop (the process buffer holds the ready ones); without
     # workers one thread builds them ahead while the training step runs.
     steps = steps.to_iter_dataset(grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=buffer))

@@ -8,6 +8,9 @@ layout of colourised digit canvases, and JPEGs of ImageNet-like sizes (300-500 p
 canvases in colour on smooth textured backgrounds) read as an image folder at --image-size px with the
 training augmentation (Inception crop + flip) and as an image-caption folder; ``imagefolder+randaugment`` adds
 RandAugment (2, 10) after the crop and flip (kornia, ``data.randaugment``; skipped, saying why, without it).
+``transport`` is the ceiling of a dataset whose batch is a memory gather: the same bytes as a CIFAR element
+(``steps_per_element`` batches of uint8 images) sent by 1, 2, ... processes through bare ``multiprocessing``
+queues (spawned, as Grain's workers are) and received by this one, with no dataset and no Grain.
 Table 2: steps/s of ``train`` (the whole loop: pipeline, device feed, metrics, progress bar) against the bare
 jitted training step called on one batch already on the device, for digits-tiny and glyphs-tiny with their
 recipes' batch size; the loop's rate comes from its history record (images_per_second: compilation and worker
@@ -33,7 +36,7 @@ from PIL import Image
 
 from moe_course.configs import get_preset
 from moe_course.data import load_dataset
-from moe_course.data.pipeline import close_pipeline, default_workers, train_pipeline
+from moe_course.data.pipeline import close_pipeline, default_workers, steps_per_element, train_pipeline
 from moe_course.data.randaugment import RandAugmentUnavailable
 from moe_course.models import build_model
 from moe_course.recipes import recipe_for
@@ -43,13 +46,13 @@ from moe_course.train.steps import make_train_step
 from sizes import SizedParser
 
 IN_MEMORY_FACTOR = 24
-KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "imagefolder", "imagefolder+randaugment",
-         "captions"]
+KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "transport", "imagefolder",
+         "imagefolder+randaugment", "captions"]
 RANDAUGMENT = (2, 10)  # V-MoE's (N, M)
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
                 presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None,
                 pipeline_rounds=3)
-QUICK = dict(kinds=["digits", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32, jpegs=32,
+QUICK = dict(kinds=["digits", "transport", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32, jpegs=32,
              jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0],
              pipeline_rounds=1)
 
@@ -123,6 +126,37 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
+def _send(queue, element: int, count: int) -> None:
+    payload = np.zeros(element, np.uint8)
+    for _ in range(count):
+        queue.put(payload)
+
+
+def transport_rate(dataset, batch_size: int, senders: int, batches: int) -> tuple[float, float]:
+    """(images/s, NaN): the bytes of ``batches`` training batches of ``dataset`` (uint8 images, grouped per element
+    as ``train_pipeline`` groups them) sent by ``senders`` spawned processes through one ``multiprocessing.Queue``
+    each and received here in turn, over the second half of the elements."""
+    if not senders:
+        return float("nan"), float("nan")
+    chunk = steps_per_element(dataset, batch_size, senders)
+    element = chunk * batch_size * int(np.prod(dataset.image_shape))
+    count = max(4, batches // chunk // senders)
+    context = multiprocessing.get_context("spawn")
+    queues = [context.Queue(2) for _ in range(senders)]
+    processes = [context.Process(target=_send, args=(q, element, count), daemon=True) for q in queues]
+    for process in processes:
+        process.start()
+    for i in range(count):
+        if i == count // 2:
+            started = time.perf_counter()
+        for queue in queues:
+            queue.get()
+    elapsed = time.perf_counter() - started
+    for process in processes:
+        process.join()
+    return (count - count // 2) * senders * chunk * batch_size / elapsed, float("nan")
+
+
 def pipeline_rate(dataset, batch_size: int, workers: int, batches: int) -> tuple[float, float]:
     """(images/s of the pipeline alone, images per CPU-second of its workers) over the second half of ``batches``
     (by then every worker has started and the batches they had ready at the start are used up). The second
@@ -155,6 +189,8 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
     for kind in args.kinds:
         name, _, extra = kind.partition("+")  # "imagefolder+randaugment": the image folder with RandAugment
         size = args.image_size if name in ("imagefolder", "captions") else None
+        rate = transport_rate if name == "transport" else pipeline_rate
+        name = "cifar10" if name == "transport" else name
         try:
             dataset = load_dataset(name, files.get(name), image_size=size,
                                    randaugment=RANDAUGMENT if extra == "randaugment" else None)
@@ -166,13 +202,14 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
         runs = {w: [] for w in args.workers}
         for _ in range(args.pipeline_rounds):  # alternate the counts: a slow minute hits all of them
             for w in args.workers:
-                runs[w].append(pipeline_rate(dataset, args.batch_size, w, batches))
+                runs[w].append(rate(dataset, args.batch_size, w, batches))
         rates = [np.median([r for r, _ in runs[w]]) for w in args.workers]
         per_cpu = np.median([c for _, c in runs[args.workers[-1]]])
         print(f"{kind:<24}" + "".join(f"{r:>13.0f}" for r in rates)
               + "".join(f"{r / rates[0]:>9.2f}" for r in rates[1:]) + f"{per_cpu:>11.0f}")
     print("per CPU-s: images per CPU-second of the workers at the largest count (one worker's rate with a core of "
-          "its own)")
+          "its own); transport: bare multiprocessing queues carrying CIFAR's elements, no dataset, no Grain (the "
+          "ceiling of a batch that is a memory gather)")
 
 
 def bare_steps_per_second(config, dataset, batch_size: int, steps: int) -> float:

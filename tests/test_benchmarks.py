@@ -212,6 +212,8 @@ def test_input_pipeline_benchmark():
     for kind in ("digits", "imagefolder"):  # images/s at 0 and 1 workers, the ratio, images/s per worker
         row = _row(out, "Table 1", kind)
         assert len(row) == 5 and all(_is_number(field) for field in row[1:]), row
+    transport = _row(out, "Table 1", "transport")  # no sender at 0 workers; bare queues at 1
+    assert len(transport) == 5 and transport[1] == "nan" and float(transport[2]) > 0, transport
     loop = _row(out, "Table 2", "digits-tiny")  # batch, bare steps/s, loop steps/s, loop/bare and its range, 0 workers
     assert len(loop) == 6 and all(_is_number(field) for field in loop[1:5]), loop
     assert all(_is_number(f) for f in loop[5].strip("[]").split("-")), loop

@@ -3,10 +3,12 @@
 Grain (google/grain, the JAX ecosystem's data loader, used by MaxText) runs it: ``grain.MapDataset.range``
 over the global batch steps, ``map`` to the batch of each step (``TrainBatch``), and ``mp_prefetch`` over
 ``workers`` processes (``grain.MultiprocessingOptions``). Worker i of n builds steps i, i+n, i+2n, ... and Grain
-interleaves them back in step order, each batch crossing to the main process through shared memory. Small
-batches (the digits, CIFAR) travel several consecutive steps to one Grain element (``steps_per_element``): each
-element costs the main process about half a millisecond to receive, which at thousands of small batches a
-second would otherwise take the core a second worker needs.
+interleaves them back in step order (batches of 8 MiB or more cross to the main process through shared
+memory). Small batches (the digits' 128 KiB) travel several consecutive steps to one Grain element
+(``steps_per_element``): each element costs the main process a fraction of a millisecond to receive, which at
+thousands of small batches a second would otherwise take the core a second worker needs. Elements stay under
+512 KiB: a CIFAR batch of 128 (384 KiB) travels alone, because two in one element cost a worker twice the CPU
+per batch and a third of the rate (benchmarks/README.md).
 
 Batch s lists the examples of the s-th slice of the shuffled epoch orders (``base.batch_indices``) and the
 dataset builds them with randomness of their own, a function of (seed, epoch, index): the digits' fresh
@@ -27,7 +29,7 @@ from moe_course.data.base import ImageDataset, batch_indices, check_split, epoch
 
 
 SHARED_MEMORY_FROM = 8 * 2**20  # bytes: arrays at least this large reach the main process through shared memory
-ELEMENT_BYTES = 2**20  # with workers, consecutive batches smaller than this travel together, up to MAX_STEPS_PER_ELEMENT
+ELEMENT_BYTES = 2**19  # with workers, consecutive batches smaller than this travel together, up to MAX_STEPS_PER_ELEMENT
 MAX_STEPS_PER_ELEMENT = 16
 
 

@@ -52,8 +52,8 @@ RANDAUGMENT = (2, 10)  # V-MoE's (N, M)
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
                 presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None,
                 pipeline_rounds=3)
-QUICK = dict(kinds=["digits", "transport", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32, jpegs=32,
-             jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0],
+QUICK = dict(kinds=["digits", "transport", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32,
+             jpegs=32, jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0],
              pipeline_rounds=1)
 
 
@@ -150,7 +150,7 @@ def transport_rate(dataset, batch_size: int, senders: int, batches: int) -> tupl
         if i == count // 2:
             started = time.perf_counter()
         for queue in queues:
-            queue.get()
+            queue.get(timeout=60)  # a sender that died raises queue.Empty rather than hanging the benchmark
     elapsed = time.perf_counter() - started
     for process in processes:
         process.join()

@@ -13,11 +13,15 @@ RandAugment (2, 10) after the crop and flip (kornia, ``data.randaugment``; skipp
 queues (spawned, as Grain's workers are) and received by this one, with no dataset and no Grain.
 Table 2: steps/s of ``train`` (the whole loop: pipeline, device feed, metrics, progress bar) against the bare
 jitted training step called on one batch already on the device, for digits-tiny and glyphs-tiny with their
-recipes' batch size; the loop's rate comes from its history record (images_per_second: compilation and worker
-start-up excluded). Each round times the bare step, then the loop right after it; the table gives the medians over
+recipes' batch size, and (``--folder-presets``; by default V-MoE-S/32 every-2 where JAX runs on an accelerator)
+for presets that read the JPEG folder at their image size with the training augmentation, at --folder-batch;
+the loop's rate comes from its history record (images_per_second: compilation and worker start-up excluded).
+Its last column is the pipeline alone at the loop's largest worker count, in the row's images/s: a loop can
+reach its bare step only where this exceeds the bare step's images/s. Each round times the bare step, then the loop right after it; the table gives the medians over
 the rounds and the median of each round's ratio, with its range (on a shared or throttled CPU the rates move by
 10-20% from one minute to the next, which a ratio of neighbours cancels).
-Usage: python benchmarks/input_pipeline.py [--workers 1 2] [--batches 40] [--loop-steps 300] [--quick]
+Usage: python benchmarks/input_pipeline.py [--workers 1 2] [--batches 40] [--loop-steps 300]
+       [--folder-presets vmoe:vmoe-s/32-every-2] [--quick]
 """
 
 from __future__ import annotations
@@ -51,10 +55,11 @@ KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "transport", "i
 RANDAUGMENT = (2, 10)  # V-MoE's (N, M)
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
                 presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None,
-                pipeline_rounds=3)
+                pipeline_rounds=3, folder_presets=None, folder_batch=512)
+ACCELERATOR_FOLDER_PRESETS = ["vmoe:vmoe-s/32-every-2"]  # issue 34's goal: >= 90% of its in-memory images/s
 QUICK = dict(kinds=["digits", "transport", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32,
              jpegs=32, jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0],
-             pipeline_rounds=1)
+             pipeline_rounds=1, folder_presets=["vmoe:digits-tiny-moe"], folder_batch=8)
 
 
 def _canvases(count: int, seed: int) -> np.ndarray:
@@ -239,28 +244,43 @@ def loop_steps_per_second(config, dataset, batch_size: int, steps: int, workers:
     return result.history[-1]["images_per_second"] / batch_size
 
 
-def loop_table(args) -> None:
+def _loop_rows(args, files: dict[str, Path]):
+    """(label, model config, dataset, batch size) of each row of table 2."""
+    for spec, from_folder in [(p, False) for p in args.presets] + [(p, True) for p in args.folder_presets]:
+        family, _, name = spec.rpartition(":")
+        config = get_preset(family or "vit", name)
+        if from_folder:
+            dataset = load_dataset("imagefolder", files["imagefolder"], image_size=config.image_size)
+            batch_size, label = args.folder_batch, f"{name} (JPEGs)"
+        else:
+            dataset = load_dataset("digit-glyphs" if name.startswith("glyphs-") else "digits", None,
+                                   image_size=config.image_size)
+            batch_size = recipe_for(config).batch_size if not args.quick else args.batch_size
+            label = name
+        yield label, config.replace(num_classes=dataset.num_classes, channels=dataset.image_shape[2]), dataset, batch_size
+
+
+def loop_table(args, files: dict[str, Path]) -> None:
     workers = args.loop_workers or sorted({0, default_workers()})
     print(f"\nTable 2: the training loop against its bare jitted step, steps/s ({args.loop_steps} steps after the "
           f"first; medians over {args.rounds} round(s), each timing the bare step and then the loop; the loop reads "
           f"the pipeline with {' and '.join(map(str, workers))} worker(s); ratio: median of the rounds' ratios, "
-          f"[range])")
-    print(f"{'preset':<14}{'batch':>6}{'bare':>9}" + "".join(f"{f'loop w={w}':>11}{'ratio':>19}" for w in workers))
-    for name in args.presets:
-        config = get_preset("vit", name)
-        batch_size = recipe_for(config).batch_size if not args.quick else args.batch_size
-        dataset = load_dataset("digit-glyphs" if name.startswith("glyphs-") else "digits", None,
-                               image_size=config.image_size)
-        config = config.replace(num_classes=dataset.num_classes)
+          f"[range]; pipeline: images/s of the pipeline alone with {workers[-1]} worker(s) over "
+          f"{args.batches} batches, against the bare step's images/s)")
+    print(f"{'preset':<30}{'batch':>6}{'bare':>9}" + "".join(f"{f'loop w={w}':>11}{'ratio':>19}" for w in workers)
+          + f"{'pipeline':>10}{'bare img/s':>11}")
+    for label, config, dataset, batch_size in _loop_rows(args, files):
         bare, loops, ratios = [], {w: [] for w in workers}, {w: [] for w in workers}
         for _ in range(args.rounds):
             bare.append(bare_steps_per_second(config, dataset, batch_size, args.loop_steps))
             for w in workers:
                 loops[w].append(loop_steps_per_second(config, dataset, batch_size, args.loop_steps, w))
                 ratios[w].append(loops[w][-1] / bare[-1])
+        alone, _ = pipeline_rate(dataset, batch_size, workers[-1], max(args.batches, 2 * workers[-1] + 2))
         cells = [f"{np.median(loops[w]):>11.1f}{np.median(ratios[w]):>7.2f} [{min(ratios[w]):.2f}-{max(ratios[w]):.2f}]"
                  for w in workers]
-        print(f"{name:<14}{batch_size:>6}{np.median(bare):>9.1f}" + "".join(cells))
+        print(f"{label:<30}{batch_size:>6}{np.median(bare):>9.1f}" + "".join(cells)
+              + f"{alone:>10.0f}{np.median(bare) * batch_size:>11.0f}")
 
 
 def main() -> None:
@@ -276,7 +296,12 @@ def main() -> None:
                              ("loop_steps", int, "timed steps of table 2"), ("rounds", int, "rounds of table 2"),
                              ("pipeline_rounds", int, "rounds of table 1")]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} {parser.size(name)}")
-    parser.add_argument("--presets", nargs="+", help=f"vit presets of table 2 {parser.size('presets')}")
+    parser.add_argument("--presets", nargs="*", help=f"[family:]preset of table 2 (default family vit), trained on "
+                        f"the embedded digits {parser.size('presets')}")
+    parser.add_argument("--folder-presets", nargs="*", help="[family:]preset of table 2 trained from the JPEG folder "
+                        f"at its image size (default: {' '.join(ACCELERATOR_FOLDER_PRESETS)} on an accelerator, "
+                        f"none on a CPU; --quick: {' '.join(QUICK['folder_presets'])})")
+    parser.add_argument("--folder-batch", type=int, help=f"batch of the folder rows {parser.size('folder_batch')}")
     parser.add_argument("--jpeg-sides", type=int, nargs=2, help=f"JPEG side range in px {parser.size('jpeg_sides')}")
     args = parser.parse_args()
     if args.workers is None:
@@ -285,11 +310,15 @@ def main() -> None:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"device: {jax.devices()[0].device_kind}; {default_workers()} usable cores, load average {load:.1f} "
           f"at the start; JAX {jax.__version__}")
-    if 1 in args.tables:
-        with tempfile.TemporaryDirectory() as tmp:
-            pipeline_table(args, make_files(Path(tmp), args))
-    if 2 in args.tables:
-        loop_table(args)
+    if args.folder_presets is None:
+        args.folder_presets = [] if jax.default_backend() == "cpu" else ACCELERATOR_FOLDER_PRESETS
+    with tempfile.TemporaryDirectory() as tmp:
+        needed = 1 in args.tables or (2 in args.tables and args.folder_presets)
+        files = make_files(Path(tmp), args) if needed else {}
+        if 1 in args.tables:
+            pipeline_table(args, files)
+        if 2 in args.tables:
+            loop_table(args, files)
 
 
 if __name__ == "__main__":

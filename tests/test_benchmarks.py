@@ -214,6 +214,10 @@ def test_input_pipeline_benchmark():
         assert len(row) == 5 and all(_is_number(field) for field in row[1:]), row
     transport = _row(out, "Table 1", "transport")  # no sender at 0 workers; bare queues at 1
     assert len(transport) == 5 and transport[1] == "nan" and float(transport[2]) > 0, transport
-    loop = _row(out, "Table 2", "digits-tiny")  # batch, bare steps/s, loop steps/s, loop/bare and its range, 0 workers
-    assert len(loop) == 6 and all(_is_number(field) for field in loop[1:5]), loop
-    assert all(_is_number(f) for f in loop[5].strip("[]").split("-")), loop
+    # batch, bare steps/s, loop steps/s with 0 workers, loop/bare and its range, the pipeline's and the bare images/s
+    loop = _row(out, "Table 2", "digits-tiny")
+    folder = _row(out, "Table 2", "digits-tiny-moe")  # a V-MoE read from the JPEG folder
+    assert folder[1] == "(JPEGs)", folder
+    for row in (loop, folder[:1] + folder[2:]):
+        assert len(row) == 8 and all(_is_number(field) for field in row[1:5] + row[6:]), row
+        assert all(_is_number(f) for f in row[5].strip("[]").split("-")), row

@@ -1,6 +1,7 @@
 """The benchmark scripts run at tiny sizes and print their comparison tables (no timing is checked)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -221,3 +222,18 @@ def test_input_pipeline_benchmark():
     for row in (loop, folder[:1] + folder[2:]):
         assert len(row) == 8 and all(_is_number(field) for field in row[1:5] + row[6:]), row
         assert all(_is_number(f) for f in row[5].strip("[]").split("-")), row
+
+
+def test_accelerator_script_runs_a_part_and_refuses_an_unknown_one(tmp_path):
+    """benchmarks/accelerator.sh (the GPU measurements in one run) as a dry run on the CPU: the device facts and
+    the part's log in $OUT; an unknown part is named before anything runs."""
+    env = {**os.environ, "QUICK": "1", "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    command = ["bash", str(BENCHMARKS / "accelerator.sh")]
+    wrong = subprocess.run(command + ["main", "warp"], env=env, capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "unknown part 'warp'" in wrong.stderr and not list(tmp_path.iterdir())
+    result = subprocess.run(command + ["main"], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "usable cores" in (tmp_path / "device.txt").read_text()
+    log = (tmp_path / "main.log").read_text()
+    assert "train_seconds:" in log and "test_accuracy:" in log and "== main: exit 0" in log, log

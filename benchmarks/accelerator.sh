@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The accelerator measurements of the input pipeline (issue 34) and of training throughput (issue 35) on one GPU
+# host, each beside its baseline in the same run; results go to benchmarks/README.md with the card they ran on.
+#
+#   bash benchmarks/accelerator.sh [PART ...]        (default: main loop pipeline throughput)
+#
+#   main        README command 1, `moe-course train vit --preset digits-tiny`: its summary line with train_seconds
+#               (goal: 2,500 steps in <= 15 s of training on one H100/H200)
+#   loop        benchmarks/input_pipeline.py table 2: the loop against its bare jitted step for digits-tiny and
+#               glyphs-tiny (0 workers and all cores), then V-MoE-S/32 every-2 at 224 px from a JPEG folder at
+#               batch 512 (goal: >= 90% of its in-memory images/s where the pipeline alone is faster than the step)
+#   pipeline    table 1: every dataset kind at 1, 2, 4 and all cores' workers (scaling where cores are free)
+#   throughput  benchmarks/train_throughput.py's paper-size rows, JAX and PyTorch, float32 and bfloat16 (goals:
+#               deit-s/16 >= 8,000 images/s in bfloat16; routed steps <= FLOP ratio x dense; the PyTorch V-MoE
+#               twin <= 1.25x the JAX step per image)
+#
+# Each part runs under its own time limit (the LIMIT_<PART> variables, seconds) and writes <part>.log to $OUT
+# (else ./accelerator-results); a part that fails or runs out of time is named at the end, the others still run.
+# A host without a package index: wheels in .whl/ (benchmarks/accelerator_wheels.sh makes them where pip works)
+# are installed first, then this checkout with `pip install --no-deps --no-build-isolation -e .`.
+# QUICK=1: the benchmarks' --quick sizes and 20 training steps, a dry run on a CPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+results=${OUT:-accelerator-results}
+mkdir -p "$results"
+parts=("${@:-main loop pipeline throughput}")
+parts=(${parts[*]})
+for part in "${parts[@]}"; do
+    case $part in
+        main|loop|pipeline|throughput) ;;
+        *) echo "unknown part '$part': use main, loop, pipeline or throughput" >&2; exit 2 ;;
+    esac
+done
+cores=$("$python" -c "from moe_course.data.pipeline import default_workers; print(default_workers())" 2>/dev/null || nproc)
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
+fi
+if ! command -v moe-course >/dev/null; then
+    "$python" -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+fi
+export PYTHONUNBUFFERED=1
+
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no NVIDIA GPU"
+    echo "$cores usable cores; $("$python" --version)"
+    "$python" -c "import jax, flax, grain; print('jax', jax.__version__, jax.devices(), '| flax', flax.__version__, '| grain', grain.__version__ if hasattr(grain, '__version__') else '?')"
+    "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" 2>&1 | tail -1
+} | tee "$results/device.txt"
+
+quick=() steps=()
+if [ "${QUICK:-0}" = 1 ]; then quick=(--quick); steps=(--steps 20 --warmup-steps 2); fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=()
+
+run_part() {  # name, limit in seconds, command ...
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit} s): $*" | tee "$results/$name.log"
+    local started=$SECONDS
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee -a "$results/$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: exit $rc after $((SECONDS - started)) s" | tee -a "$results/$name.log"
+    [ "$rc" = 0 ] || failed+=("$name (exit $rc)")
+}
+
+for part in "${parts[@]}"; do
+    case $part in
+        main)
+            run_part main "${LIMIT_MAIN:-240}" moe-course train vit --preset digits-tiny --no-progress \
+                --workdir "$tmp/digits-tiny" "${steps[@]}" ;;
+        loop)
+            run_part loop "${LIMIT_LOOP:-360}" "$python" benchmarks/input_pipeline.py --tables 2 --rounds 2 \
+                --folder-presets "${quick[@]}"
+            [ "${QUICK:-0}" = 1 ] && folder=(--quick) \
+                || folder=(--folder-presets vmoe:vmoe-s/32-every-2 --loop-steps 100 --loop-workers "$cores")
+            run_part loop-jpegs "${LIMIT_LOOP:-360}" "$python" benchmarks/input_pipeline.py --tables 2 --rounds 2 \
+                --presets "${folder[@]}" ;;
+        pipeline)
+            [ "${QUICK:-0}" = 1 ] && workers=(--quick) || workers=(--workers $(printf '%s\n' 1 2 4 "$cores" | sort -nu))
+            run_part pipeline "${LIMIT_PIPELINE:-300}" "$python" benchmarks/input_pipeline.py --tables 1 \
+                --pipeline-rounds 1 "${workers[@]}" ;;
+        throughput)
+            run_part throughput "${LIMIT_THROUGHPUT:-540}" "$python" benchmarks/train_throughput.py \
+                --frameworks jax torch "${quick[@]}" ;;
+    esac
+done
+[ ${#failed[@]} = 0 ] || { echo "failed: ${failed[*]}"; exit 1; }

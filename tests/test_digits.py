@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -133,3 +135,17 @@ def test_glyph_task_one_class_per_source_glyph_every_split_draws_the_same_glyphs
     assert np.abs(train["image"] - test["image"][:30]).mean() > 0.05
     # a canvas's class is its glyph: the digit task's label of that canvas is the glyph's digit
     np.testing.assert_array_equal(digits.get("train", np.arange(30))["label"], train["label"] // 3)
+
+
+def test_canvases_are_the_ones_every_recorded_result_was_trained_on(digits):
+    """Seed 0's canvases as recorded (tests/fixtures/digits_seed0_canvases.npz: 8 training canvases of epoch 3 and 4
+    test canvases, uint8): the chapters' recorded runs and docs/results.md depend on them, so a faster drawing must
+    draw the same ones. Placements, sizes and labels exactly; pixels to within one grey level on 99.9% of them
+    (a stroke point computed by another CPU's sin/cos may round to the neighbouring pixel)."""
+    recorded = np.load(Path(__file__).parent / "fixtures" / "digits_seed0_canvases.npz")
+    for split, indices, epoch in [("train", np.arange(8), 3), ("test", np.array([0, 100, 200, 300]), 0)]:
+        batch = digits.get_uint8(split, indices, epoch=epoch)
+        np.testing.assert_array_equal(batch["label"], recorded[f"{split}_label"])
+        np.testing.assert_array_equal(batch["box"], recorded[f"{split}_box"])
+        close = np.abs(batch["image"].astype(int) - recorded[f"{split}_image"]) <= 1
+        assert close.mean() >= 0.999, (split, close.mean())

@@ -2,7 +2,8 @@
 
 Table 1: images/s of ``data.pipeline.train_pipeline`` (Grain, batches built in worker processes, uint8) for each
 dataset kind at 1, 2, ... workers (up to the cores this process may use; 0: one thread of this process),
-after the workers have started, the scaling from the first count, and images per CPU-second of the workers.
+after the workers have started, the scaling from the first count, images per CPU-second of the workers and
+the training process's CPU per batch (what receiving a batch costs it).
 Data made here: the embedded digits (``digits``, ``digit-glyphs``, ``digits-captions``), a CIFAR-10 archive
 layout of colourised digit canvases, and JPEGs of ImageNet-like sizes (300-500 px sides: upscaled digit
 canvases in colour on smooth textured backgrounds) read as an image folder at --image-size px with the
@@ -137,12 +138,12 @@ def _send(queue, element: int, count: int) -> None:
         queue.put(payload)
 
 
-def transport_rate(dataset, batch_size: int, senders: int, batches: int) -> tuple[float, float]:
-    """(images/s, NaN): the bytes of ``batches`` training batches of ``dataset`` (uint8 images, grouped per element
+def transport_rate(dataset, batch_size: int, senders: int, batches: int) -> tuple[float, float, float]:
+    """(images/s, NaN, ms of this process's CPU a batch): the bytes of ``batches`` training batches of ``dataset`` (uint8 images, grouped per element
     as ``train_pipeline`` groups them) sent by ``senders`` spawned processes through one ``multiprocessing.Queue``
     each and received here in turn, over the second half of the elements."""
     if not senders:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     chunk = steps_per_element(dataset, batch_size, senders)
     element = chunk * batch_size * int(np.prod(dataset.image_shape))
     count = max(4, batches // chunk // senders)
@@ -153,34 +154,37 @@ def transport_rate(dataset, batch_size: int, senders: int, batches: int) -> tupl
         process.start()
     for i in range(count):
         if i == count // 2:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
         for queue in queues:
             queue.get(timeout=60)  # a sender that died raises queue.Empty rather than hanging the benchmark
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
     for process in processes:
         process.join()
-    return (count - count // 2) * senders * chunk * batch_size / elapsed, float("nan")
+    received = (count - count // 2) * senders * chunk
+    return received * batch_size / elapsed, float("nan"), 1e3 * cpu / received
 
 
-def pipeline_rate(dataset, batch_size: int, workers: int, batches: int) -> tuple[float, float]:
-    """(images/s of the pipeline alone, images per CPU-second of its workers) over the second half of ``batches``
-    (by then every worker has started and the batches they had ready at the start are used up). The second
-    number is what one worker delivers with a core of its own, whatever else runs on the machine (NaN for 0
-    workers, whose thread shares this process)."""
+def pipeline_rate(dataset, batch_size: int, workers: int, batches: int) -> tuple[float, float, float]:
+    """(images/s of the pipeline alone, images per CPU-second of its workers, ms of this process's CPU a batch)
+    over the second half of ``batches`` (by then every worker has started and the batches they had ready at the
+    start are used up). The second number is what one worker delivers with a core of its own, whatever else runs
+    on the machine (NaN for 0 workers, whose thread shares this process); the third is what receiving a batch
+    costs the training process (with 0 workers: building it too)."""
     pipeline = train_pipeline(dataset, batch_size, seed=0, stop_step=batches, workers=workers)
     half = batches // 2
     arrived, pids, cpu = [], [], float("nan")
     for step, batch in enumerate(pipeline):
         arrived.append(time.perf_counter())
-        if step == half and workers:
-            pids = [p.pid for p in multiprocessing.active_children()]
-            cpu = _cpu_seconds(pids)
-        elif step == batches - 1 and workers:  # before the workers, done, exit
-            cpu = _cpu_seconds(pids) - cpu
+        if step == half:
+            pids = [p.pid for p in multiprocessing.active_children()] if workers else []
+            cpu, main = _cpu_seconds(pids) if workers else float("nan"), time.process_time()
+        elif step == batches - 1:  # before the workers, done, exit
+            cpu, main = _cpu_seconds(pids) - cpu if workers else float("nan"), time.process_time() - main
     del batch
     close_pipeline(pipeline)
     images = (batches - 1 - half) * batch_size
-    return images / (arrived[-1] - arrived[half]), images / cpu if cpu > 0 else float("nan")
+    return (images / (arrived[-1] - arrived[half]), images / cpu if cpu > 0 else float("nan"),
+            1e3 * main / (batches - 1 - half))
 
 
 def pipeline_table(args, files: dict[str, Path]) -> None:
@@ -190,7 +194,8 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
           f"Inception crop + flip (+randaugment: then RandAugment {RANDAUGMENT}), from "
           f"{args.jpeg_sides[0]}-{args.jpeg_sides[1]} px JPEGs)")
     print(f"{'dataset':<24}" + "".join(f"{f'{w} worker(s)':>13}" for w in args.workers)
-          + "".join(f"{f'{w}w/{args.workers[0]}w':>9}" for w in args.workers[1:]) + f"{'per CPU-s':>11}")
+          + "".join(f"{f'{w}w/{args.workers[0]}w':>9}" for w in args.workers[1:]) + f"{'per CPU-s':>11}"
+          + f"{'main ms':>9}")
     for kind in args.kinds:
         name, _, extra = kind.partition("+")  # "imagefolder+randaugment": the image folder with RandAugment
         size = args.image_size if name in ("imagefolder", "captions") else None
@@ -208,12 +213,14 @@ def pipeline_table(args, files: dict[str, Path]) -> None:
         for _ in range(args.pipeline_rounds):  # alternate the counts: a slow minute hits all of them
             for w in args.workers:
                 runs[w].append(rate(dataset, args.batch_size, w, batches))
-        rates = [np.median([r for r, _ in runs[w]]) for w in args.workers]
-        per_cpu = np.median([c for _, c in runs[args.workers[-1]]])
+        rates = [np.median([r for r, _, _ in runs[w]]) for w in args.workers]
+        _, per_cpu, main_ms = np.median(runs[args.workers[-1]], axis=0)
         print(f"{kind:<24}" + "".join(f"{r:>13.0f}" for r in rates)
-              + "".join(f"{r / rates[0]:>9.2f}" for r in rates[1:]) + f"{per_cpu:>11.0f}")
+              + "".join(f"{r / rates[0]:>9.2f}" for r in rates[1:]) + f"{per_cpu:>11.0f}{main_ms:>9.3f}")
     print("per CPU-s: images per CPU-second of the workers at the largest count (one worker's rate with a core of "
-          "its own); transport: bare multiprocessing queues carrying CIFAR's elements, no dataset, no Grain (the "
+          "its own); main ms: CPU of this process a batch at the largest count (receiving it; with 0 workers, "
+          "building it too) -- on C cores no worker count passes C / (main + a worker's CPU a batch) batches a "
+          "second; transport: bare multiprocessing queues carrying CIFAR's elements, no dataset, no Grain (the "
           "ceiling of a batch that is a memory gather)")
 
 
@@ -276,7 +283,7 @@ def loop_table(args, files: dict[str, Path]) -> None:
             for w in workers:
                 loops[w].append(loop_steps_per_second(config, dataset, batch_size, args.loop_steps, w))
                 ratios[w].append(loops[w][-1] / bare[-1])
-        alone, _ = pipeline_rate(dataset, batch_size, workers[-1], max(args.batches, 2 * workers[-1] + 2))
+        alone, _, _ = pipeline_rate(dataset, batch_size, workers[-1], max(args.batches, 2 * workers[-1] + 2))
         cells = [f"{np.median(loops[w]):>11.1f}{np.median(ratios[w]):>7.2f} [{min(ratios[w]):.2f}-{max(ratios[w]):.2f}]"
                  for w in workers]
         print(f"{label:<30}{batch_size:>6}{np.median(bare):>9.1f}" + "".join(cells)

@@ -210,11 +210,13 @@ def test_peers_benchmark():
 
 def test_input_pipeline_benchmark():
     out = _run("input_pipeline.py", "--quick", timeout=300)
-    for kind in ("digits", "imagefolder"):  # images/s at 0 and 1 workers, the ratio, images/s per worker
+    # images/s at 0 and 1 workers, the ratio, images/s per CPU-second of a worker, the main process's ms a batch
+    for kind in ("digits", "imagefolder"):
         row = _row(out, "Table 1", kind)
-        assert len(row) == 5 and all(_is_number(field) for field in row[1:]), row
+        assert len(row) == 6 and all(_is_number(field) for field in row[1:]) and float(row[5]) > 0, row
     transport = _row(out, "Table 1", "transport")  # no sender at 0 workers; bare queues at 1
-    assert len(transport) == 5 and transport[1] == "nan" and float(transport[2]) > 0, transport
+    assert len(transport) == 6 and transport[1] == "nan" and float(transport[2]) > 0, transport
+    assert float(transport[5]) > 0, transport
     # batch, bare steps/s, loop steps/s with 0 workers, loop/bare and its range, the pipeline's and the bare images/s
     loop = _row(out, "Table 2", "digits-tiny")
     folder = _row(out, "Table 2", "digits-tiny-moe")  # a V-MoE read from the JPEG folder

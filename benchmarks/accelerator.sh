@@ -41,6 +41,8 @@ fi
 if ! command -v moe-course >/dev/null; then
     "$python" -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 fi
+moe_course=(moe-course)  # README command 1; the same entry point where pip put the script off PATH
+command -v moe-course >/dev/null || moe_course=("$python" -m moe_course.launch)
 export PYTHONUNBUFFERED=1
 
 {
@@ -71,7 +73,7 @@ run_part() {  # name, limit in seconds, command ...
 for part in "${parts[@]}"; do
     case $part in
         main)
-            run_part main "${LIMIT_MAIN:-240}" moe-course train vit --preset digits-tiny --no-progress \
+            run_part main "${LIMIT_MAIN:-240}" "${moe_course[@]}" train vit --preset digits-tiny --no-progress \
                 --workdir "$tmp/digits-tiny" "${steps[@]}" ;;
         loop)
             run_part loop "${LIMIT_LOOP:-360}" "$python" benchmarks/input_pipeline.py --tables 2 --rounds 2 \

@@ -22,8 +22,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-results=${OUT:-accelerator-results}
-mkdir -p "$results"
 parts=("${@:-main loop pipeline throughput}")
 parts=(${parts[*]})
 for part in "${parts[@]}"; do
@@ -32,6 +30,8 @@ for part in "${parts[@]}"; do
         *) echo "unknown part '$part': use main, loop, pipeline or throughput" >&2; exit 2 ;;
     esac
 done
+results=${OUT:-accelerator-results}
+mkdir -p "$results"
 cores=$("$python" -c "from moe_course.data.pipeline import default_workers; print(default_workers())" 2>/dev/null || nproc)
 
 if compgen -G ".whl/*.whl" >/dev/null; then

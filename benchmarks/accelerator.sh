@@ -15,7 +15,8 @@
 #               twin <= 1.25x the JAX step per image)
 #
 # Each part runs under its own time limit (the LIMIT_<PART> variables, seconds) and writes <part>.log to $OUT
-# (else ./accelerator-results); a part that fails or runs out of time is named at the end, the others still run.
+# (else accelerator-results/ in the checkout); a part that fails or runs out of time is named at the end, the
+# others still run.
 # A host without a package index: wheels in .whl/ (benchmarks/accelerator_wheels.sh makes them where pip works)
 # are installed first, then this checkout with `pip install --no-deps --no-build-isolation -e .`.
 # QUICK=1: the benchmarks' --quick sizes and 20 training steps, a dry run on a CPU.
@@ -38,11 +39,11 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
         .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} || exit 1
 fi
+moe_course=(moe-course)  # README command 1; after an install that put the script off PATH, its entry point
 if ! command -v moe-course >/dev/null; then
     "$python" -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+    command -v moe-course >/dev/null || moe_course=("$python" -m moe_course.launch)
 fi
-moe_course=(moe-course)  # README command 1; the same entry point where pip put the script off PATH
-command -v moe-course >/dev/null || moe_course=("$python" -m moe_course.launch)
 export PYTHONUNBUFFERED=1
 
 {

@@ -17,10 +17,11 @@ jitted training step called on one batch already on the device, for digits-tiny 
 recipes' batch size, and (``--folder-presets``; by default V-MoE-S/32 every-2 where JAX runs on an accelerator)
 for presets that read the JPEG folder at their image size with the training augmentation, at --folder-batch;
 the loop's rate comes from its history record (images_per_second: compilation and worker start-up excluded).
-Its last column is the pipeline alone at the loop's largest worker count, in the row's images/s: a loop can
-reach its bare step only where this exceeds the bare step's images/s. Each round times the bare step, then the loop right after it; the table gives the medians over
-the rounds and the median of each round's ratio, with its range (on a shared or throttled CPU the rates move by
-10-20% from one minute to the next, which a ratio of neighbours cancels).
+Its last columns are the pipeline alone at the loop's largest worker count and the bare step, in images/s: a
+loop can reach its bare step only where the first exceeds the second. Each round times the bare step, then the
+loop right after it; the table gives the medians over the rounds and the median of each round's ratio, with its
+range (on a shared or throttled CPU the rates move by 10-20% from one minute to the next, which a ratio of
+neighbours cancels).
 Usage: python benchmarks/input_pipeline.py [--workers 1 2] [--batches 40] [--loop-steps 300]
        [--folder-presets vmoe:vmoe-s/32-every-2] [--quick]
 """
@@ -139,9 +140,9 @@ def _send(queue, element: int, count: int) -> None:
 
 
 def transport_rate(dataset, batch_size: int, senders: int, batches: int) -> tuple[float, float, float]:
-    """(images/s, NaN, ms of this process's CPU a batch): the bytes of ``batches`` training batches of ``dataset`` (uint8 images, grouped per element
-    as ``train_pipeline`` groups them) sent by ``senders`` spawned processes through one ``multiprocessing.Queue``
-    each and received here in turn, over the second half of the elements."""
+    """(images/s, NaN, ms of this process's CPU a batch): the bytes of ``batches`` training batches of ``dataset``
+    (uint8 images, grouped per element as ``train_pipeline`` groups them) sent by ``senders`` spawned processes
+    through one ``multiprocessing.Queue`` each and received here in turn, over the second half of the elements."""
     if not senders:
         return float("nan"), float("nan"), float("nan")
     chunk = steps_per_element(dataset, batch_size, senders)
@@ -264,7 +265,8 @@ def _loop_rows(args, files: dict[str, Path]):
                                    image_size=config.image_size)
             batch_size = recipe_for(config).batch_size if not args.quick else args.batch_size
             label = name
-        yield label, config.replace(num_classes=dataset.num_classes, channels=dataset.image_shape[2]), dataset, batch_size
+        config = config.replace(num_classes=dataset.num_classes, channels=dataset.image_shape[2])
+        yield label, config, dataset, batch_size
 
 
 def loop_table(args, files: dict[str, Path]) -> None:

@@ -140,8 +140,9 @@ def test_glyph_task_one_class_per_source_glyph_every_split_draws_the_same_glyphs
 def test_canvases_are_the_ones_every_recorded_result_was_trained_on(digits):
     """Seed 0's canvases as recorded (tests/fixtures/digits_seed0_canvases.npz: 8 training canvases of epoch 3 and 4
     test canvases, uint8): the chapters' recorded runs and docs/results.md depend on them, so a faster drawing must
-    draw the same ones. Placements, sizes and labels exactly; pixels to within one grey level on 99.9% of them
-    (a stroke point computed by another CPU's sin/cos may round to the neighbouring pixel)."""
+    draw the same ones. Placements, sizes and labels exactly; pixels to within one grey level on 99.9% of them,
+    leaving room for the last bit of a float on another CPU (its sin/cos can move a stroke point to the
+    neighbouring pixel, which changes two pixels by a stroke's brightness)."""
     recorded = np.load(Path(__file__).parent / "fixtures" / "digits_seed0_canvases.npz")
     for split, indices, epoch in [("train", np.arange(8), 3), ("test", np.array([0, 100, 200, 300]), 0)]:
         batch = digits.get_uint8(split, indices, epoch=epoch)

@@ -35,11 +35,13 @@ from moe_course.configs import VIT_PRESETS, get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.layers import MultiHeadAttention
 from moe_course.models import ViT, patchify, vit_param_count
+from moe_course.settings import chapter_seed
 from moe_course.train import TrainConfig, evaluate, train
 from moe_course.viz import plot_history, show_images, show_patch_values
 
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
-print("JAX devices:", jax.devices())
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: initialisation and batch order of every model trained here
+print("JAX devices:", jax.devices(), "| seed", SEED)
 
 # %% [markdown]
 # ## 1. The data: cluttered digits
@@ -102,7 +104,7 @@ show_images(sample["image"][:4], sample["label"][:4], patch_size=4, cols=4);
 
 # %%
 config = get_preset("vit", "digits-tiny")
-model = ViT(config, rngs=nnx.Rngs(0))
+model = ViT(config, rngs=nnx.Rngs(SEED))
 images = jnp.asarray(sample["image"][:4])
 kernel = model.patch_embed.proj.kernel[...]  # (p, p, C, D)
 by_hand = patchify(images, config.patch_size) @ kernel.reshape(-1, config.width) + model.patch_embed.proj.bias[...]
@@ -124,8 +126,8 @@ assert jnp.allclose(by_hand, model.patch_embed(images), atol=1e-5)
 # library's layer:
 
 # %%
-attention = MultiHeadAttention(width=16, heads=2, rngs=nnx.Rngs(1))
-x = np.asarray(jax.random.normal(jax.random.key(0), (1, 5, 16)))  # (batch, tokens, width)
+attention = MultiHeadAttention(width=16, heads=2, rngs=nnx.Rngs(SEED + 1))
+x = np.asarray(jax.random.normal(jax.random.key(SEED), (1, 5, 16)))  # (batch, tokens, width)
 
 
 def linear(layer, x):
@@ -212,7 +214,7 @@ for name in ("vit-s/32", "vit-b/32", "deit-ti/16", "deit-s/16", "digits-tiny"):
 # %%
 CHAPTER_STEPS = 1200
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=128, learning_rate=1e-3, warmup_steps=100, log_every=50,
-                         eval_every=300, checkpoint_every=0)
+                         eval_every=300, checkpoint_every=0, seed=SEED)
 started = time.perf_counter()
 result = train(config, digits, run_config)
 test = evaluate(result.model, digits, "test")

@@ -70,10 +70,12 @@ from moe_course.routing import (
     top_k_routing,
     vanilla_allocation,
 )
+from moe_course.settings import chapter_seed
 from moe_course.viz import show_dropped_patches
 
 started = time.perf_counter()
-print("JAX devices:", jax.devices())
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: the random weights and noise draws below follow it
+print("JAX devices:", jax.devices(), "| seed", SEED)
 
 # %% [markdown]
 # ## 1. A mixture of experts, dense
@@ -94,7 +96,7 @@ print("JAX devices:", jax.devices())
 digits = ClutteredDigits()
 batch = digits.get("test", np.arange(4))
 vit_config = get_preset("vit", "digits-tiny")
-vit = ViT(vit_config, rngs=nnx.Rngs(0))
+vit = ViT(vit_config, rngs=nnx.Rngs(SEED))
 tokens = vit.embed(jnp.asarray(batch["image"]))  # (images, patches, width)
 x = tokens.reshape(1, -1, vit_config.width)  # one group of 64 tokens: (groups, tokens, width)
 WIDTH, HIDDEN, E = vit_config.width, vit_config.mlp_dim, 4
@@ -107,8 +109,8 @@ print("tokens:", tokens.shape, "-> one group:", x.shape, f"| {E} experts, each a
 # expert's buffer simply holds *all* tokens -- that is what "dense" means.
 
 # %%
-experts = Experts(E, WIDTH, HIDDEN, rngs=nnx.Rngs(2))
-router = nnx.Linear(WIDTH, E, use_bias=False, rngs=nnx.Rngs(1))  # the router's W: (width, experts)
+experts = Experts(E, WIDTH, HIDDEN, rngs=nnx.Rngs(SEED + 2))
+router = nnx.Linear(WIDTH, E, use_bias=False, rngs=nnx.Rngs(SEED + 1))  # the router's W: (width, experts)
 
 
 def expert_weights(module):
@@ -188,7 +190,7 @@ assert np.array_equal(add_router_noise(logits, None), logits)  # evaluation: no 
 
 # %%
 clean_top1 = np.asarray(top_k_routing(logits, 1).expert_index[..., 0])
-keys = jax.random.split(jax.random.key(7), 200)
+keys = jax.random.split(jax.random.key(SEED + 7), 200)
 noisy_top1 = np.stack([np.asarray(top_k_routing(logits, 1, key).expert_index[..., 0]) for key in keys])
 flipped = (noisy_top1 != clean_top1).mean()
 spread = np.asarray(logits).std(-1).mean()
@@ -224,7 +226,7 @@ assert vmoe_sums.max() < 1 and np.allclose(shazeer_sums, 1, atol=1e-6)
 # the loss `sum(MoE(x))` as a function of the router's `W`.
 
 # %%
-kx, kw, ke = jax.random.split(jax.random.key(3), 3)
+kx, kw, ke = jax.random.split(jax.random.key(SEED + 3), 3)
 small_x = jax.random.normal(kx, (1, 5, 8))  # (groups, tokens, width)
 small_w = jax.random.normal(kw, (8, 4))  # router weights (width, experts)
 expert_maps = jax.random.normal(ke, (4, 8, 8))  # expert e: z -> z @ expert_maps[e]
@@ -493,7 +495,7 @@ assert np.allclose(y_gather, y_einsum, atol=1e-5)
 
 # %%
 w_router = router.kernel[...]
-cotangent = jax.random.normal(jax.random.key(5), x.shape)
+cotangent = jax.random.normal(jax.random.key(SEED + 5), x.shape)
 
 
 def moe_step(tokens_, implementation):
@@ -576,7 +578,7 @@ print("token  w_0  w_1  w_2  TOP-1")
 for t in range(4):
     print(f"x_{t + 1}   {weights[t, 0]:.1f}  {weights[t, 1]:.1f}  {weights[t, 2]:.1f}  expert {selected[t]}")
 importance = np.asarray(importance_per_expert(table3_logits)[0])
-noisy = add_router_noise(table3_logits, jax.random.key(11))  # a training-time draw, sigma = 1/3
+noisy = add_router_noise(table3_logits, jax.random.key(SEED + 11))  # a training-time draw, sigma = 1/3
 load_clean = np.asarray(load_per_expert(table3_logits, table3_logits, 1)[0])
 l_imp = float(importance_loss(table3_logits))
 l_load = float(load_loss(table3_logits, table3_logits, 1))
@@ -602,7 +604,7 @@ assert (load_gradient[:, 1] < 0).all()
 # both parts and their mean:
 
 # %%
-route = top_k_routing(logits, 2, jax.random.key(12))
+route = top_k_routing(logits, 2, jax.random.key(SEED + 12))
 aux = auxiliary_losses(logits, route.noisy_logits, 2)
 print(f"real tokens, fresh router: L_imp {float(aux.importance):.4f}, L_load {float(aux.load):.4f}, "
       f"L_aux {float(aux.total):.4f}; added to the task loss: {AUX_LOSS_WEIGHT} * L_aux = "
@@ -627,7 +629,8 @@ assert np.isclose(float(aux.total), 0.5 * float(aux.importance) + 0.5 * float(au
 # %%
 eight = digits.get("test", np.arange(8))
 layer_tokens = vit.embed(jnp.asarray(eight["image"]))  # (8, 16, 64)
-layer = SparseMoE(WIDTH, HIDDEN, E, k=2, capacity_ratio=1.05, group_size=4, allocation="vanilla", rngs=nnx.Rngs(4))
+layer = SparseMoE(WIDTH, HIDDEN, E, k=2, capacity_ratio=1.05, group_size=4, allocation="vanilla",
+                  rngs=nnx.Rngs(SEED + 4))
 out = layer(layer_tokens)
 record = out.routing
 layer_weights = expert_weights(layer.experts)

@@ -55,12 +55,14 @@ from moe_course.data import CaptionedDigits
 from moe_course.models import limoe_param_count, pruned_experts
 from moe_course.routing import (CapacityRoundingWarning, global_entropy_loss, local_entropy_loss,
                                 multimodal_aux_losses)
+from moe_course.settings import chapter_seed
 from moe_course.train import TrainConfig, train
 from moe_course.train.contrastive import contrastive_loss
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
 WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: init, router noise and batch order of section 3's LIMoE
 pairs = CaptionedDigits()  # the cluttered digits with a caption each; trains its tokenizer on the captions
 
 # %% [markdown]
@@ -390,8 +392,9 @@ assert fig3["paper"].mean < fig5["paper"].mean, (fig3, fig5)  # 4x4 patches: mor
 # %%
 CHAPTER_STEPS = 1200
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=128, learning_rate=2e-3, warmup_steps=100, log_every=50,
-                         checkpoint_every=CHAPTER_STEPS, eval_batch_size=512)
-trained = train(limoe_config, pairs, run_config, workdir=os.path.join(WORKDIR, "chapter04-limoe"), progress=False)
+                         checkpoint_every=CHAPTER_STEPS, eval_batch_size=512, seed=SEED)
+trained = train(limoe_config, pairs, run_config, workdir=os.path.join(WORKDIR, f"chapter04-limoe-seed{SEED}"),
+                progress=False)
 model, history = trained.model, trained.history
 print("LIMoE " + ("loaded from its checkpoint" if trained.resumed_from == CHAPTER_STEPS
                   else f"trained for {CHAPTER_STEPS} steps in {trained.seconds:.0f} s"))
@@ -688,16 +691,20 @@ for mode, accuracies in pruning.items():
     print(mode, " ".join(f"{n} kept: {a:.3f}" for n, a in zip(kept, accuracies)))
 
 # %% [markdown]
-# Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates).
-# With fewer experts the two modes differ only in the gates: router_drop renormalises them over the kept
-# experts, router_pred keeps the trained scale. The paper finds router_pred the better one when many experts
-# go. Here, with one expert kept per layer for text, router_pred lost almost nothing (0.482 -> 0.480 when we
-# wrote this) and router_drop about 1.6 points (-> 0.466, 17 of 1,050 images): the paper's direction, on one
-# model and one seed, so a small difference, not a result.
+# Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates),
+# which the cell below checks. With fewer experts the two modes differ only in the gates: router_drop
+# renormalises them over the kept experts, router_pred keeps the trained scale. The paper finds router_pred the
+# better one when many experts go. **Here the two modes differ by a point or two of zero-shot accuracy (10-20 of
+# 1,050 test images), and which one is ahead changes with the seed and even with the CPU that trained the
+# model**: with one expert kept, the same chapter and seed gave router_pred ahead by 1.4 points on one machine,
+# router_drop ahead by 0.7 on an Intel Xeon with AVX-512, and the two level on that Xeon with XLA limited to
+# AVX2 instructions (benchmarks/chapter_robustness.py runs a chapter both ways; docs/results.md says why the
+# instruction set moves a trained model). Read your printed numbers as one model's, not as the paper's
+# comparison; at this size the pruned text tower loses little either way (compare the last column with the
+# first).
 
 # %%
 assert pruning["router_drop"][0] == pruning["router_pred"][0] == score["zero_shot_accuracy"], pruning
-assert pruning["router_pred"][-1] > pruning["router_drop"][-1], pruning
 
 # %% [markdown]
 # ## 7. Full scale

@@ -49,12 +49,14 @@ from moe_course.data import ClutteredDigits
 from moe_course.layers import SoftMoE
 from moe_course.models import build_model, count_params, soft_moe_param_count
 from moe_course.routing import CapacityRoundingWarning, apply_soft_experts, soft_routing
+from moe_course.settings import chapter_seed
 from moe_course.train import TrainConfig, evaluate, train, train_side_by_side
 from moe_course.viz import show_slot_weights
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
 WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: the random weights and the model trained in section 5
 digits = ClutteredDigits()
 
 # %% [markdown]
@@ -125,10 +127,10 @@ assert (D > 0).all() and (C > 0).all()
 # %%
 forward = nnx.jit(lambda model, x: model(x))  # compiled once per model: much faster than op-by-op on a CPU
 soft_config = get_preset("soft-moe", "digits-tiny-soft")
-fresh = build_model(soft_config, rngs=nnx.Rngs(0))
+fresh = build_model(soft_config, rngs=nnx.Rngs(SEED))
 examples = digits.get("test", np.arange(0, 1050, 131)[:8])
 tokens = nnx.jit(lambda model, images: model.embed(images))(fresh, jnp.asarray(examples["image"]))  # (8, 16, 64)
-layer = SoftMoE(64, 128, 16, slots_per_expert=1, rngs=nnx.Rngs(1))
+layer = SoftMoE(64, 128, 16, slots_per_expert=1, rngs=nnx.Rngs(SEED + 1))
 
 
 def layer_loss(layer, x):
@@ -152,7 +154,7 @@ tokens_choice_config = soft_config.replace(router="sparse", k=1, capacity_ratio=
                                            group_size=8)
 experts_choice_config = tokens_choice_config.replace(allocation="experts_choice")
 sparse_configs = {"Tokens Choice": tokens_choice_config, "Experts Choice": experts_choice_config}
-fresh_sparse = {name: build_model(config, rngs=nnx.Rngs(0)) for name, config in sparse_configs.items()}
+fresh_sparse = {name: build_model(config, rngs=nnx.Rngs(SEED)) for name, config in sparse_configs.items()}
 dropped = {}
 for name, model in fresh_sparse.items():
     record = forward(model, jnp.asarray(examples["image"])).routing[0]
@@ -175,7 +177,7 @@ assert dropped["Tokens Choice"] > 0 and dropped["Experts Choice"] > 0
 
 # %%
 def with_random_head(model):
-    model.head.kernel[...] = jax.random.normal(jax.random.key(9), model.head.kernel.shape)
+    model.head.kernel[...] = jax.random.normal(jax.random.key(SEED + 9), model.head.kernel.shape)
     return model
 
 
@@ -221,7 +223,7 @@ configs = {"dense": get_preset("vit", "glyphs-tiny"), "Tokens Choice": get_prese
            "Experts Choice": get_preset("vmoe", "glyphs-tiny-ec"), "Soft MoE": get_preset("soft-moe", "glyphs-tiny-soft")}
 kinds = dict(zip(configs, ("dense", "tc", "ec", "soft")))
 flops = {name: flops_per_image(config) for name, config in configs.items()}
-params = {name: count_params(lambda: build_model(config, rngs=nnx.Rngs(0))) for name, config in configs.items()}
+params = {name: count_params(lambda: build_model(config, rngs=nnx.Rngs(SEED))) for name, config in configs.items()}
 for name, config in configs.items():
     moe = flops_breakdown(config)["moe"] / 1e3
     print(f"{name:15s} {flops[name] / 1e6:5.2f} MFLOPs per image ({flops[name] / flops['dense']:.3f} x dense; "
@@ -319,11 +321,12 @@ assert all(long_runs[kinds[name], 0]["test_accuracy"] > recipe_runs[kinds[name],
 # %%
 CHAPTER_STEPS = 800
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=32, learning_rate=1e-3, warmup_steps=100, log_every=50,
-                         eval_every=0, checkpoint_every=CHAPTER_STEPS, eval_batch_size=512)
-soft_model = train_side_by_side({"chapter05-" + soft_config.name: soft_config}, digits, run_config, workdir=WORKDIR,
-                                progress=False)["chapter05-" + soft_config.name].model
+                         eval_every=0, checkpoint_every=CHAPTER_STEPS, eval_batch_size=512, seed=SEED)
+run_name = f"chapter05-{soft_config.name}-seed{SEED}"
+soft_model = train_side_by_side({run_name: soft_config}, digits, run_config, workdir=WORKDIR,
+                                progress=False)[run_name].model
 soft_test = evaluate(soft_model, digits)
-print(f"Soft MoE on the digits: test accuracy {soft_test['accuracy']:.3f}")
+print(f"Soft MoE trained here: test accuracy {soft_test['accuracy']:.3f}")
 assert soft_test["accuracy"] >= 0.2, soft_test
 
 # %% [markdown]
@@ -461,7 +464,7 @@ assert any(len(set(top_patch[:, s])) > 1 for s in range(len(shown_slots))), top_
 # %%
 ranks = {}
 for slots in (1, 4, 16):
-    small = SoftMoE(64, 128, slots, slots_per_expert=1, rngs=nnx.Rngs(2))
+    small = SoftMoE(64, 128, slots, slots_per_expert=1, rngs=nnx.Rngs(SEED + 2))
     y = np.asarray(small(tokens[:1]).output[0])
     ranks[slots] = int(np.linalg.matrix_rank(y, tol=1e-4 * np.abs(y).max()))
 print("slots -> rank of the 16 x 64 output:", ranks)

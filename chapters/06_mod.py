@@ -54,12 +54,14 @@ from moe_course.data import ClutteredDigits, DigitsConfig, patches_on_box
 from moe_course.models import mod_from_vit, truncated_vit
 from moe_course.routing import (attention_router_scores, gather_tokens, mod_capacity, mod_gate, mod_select,
                                 scatter_update, standard_router_scores)
+from moe_course.settings import chapter_seed
 from moe_course.train import TrainConfig, evaluate, train
 from moe_course.train.devices import describe_devices
 from moe_course.viz import show_dropped_patches
 
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
 WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: pretraining, the standard routers and fine-tuning follow it
 CAPACITIES = (0.5, 0.125)
 ROUTERS = ("attention", "standard")
 NAMES = {"attention": "A-MoD", "standard": "standard MoD"}
@@ -130,9 +132,9 @@ assert block_share[0.5] < 0.5 and block_share[0.125] < 0.125
 # on 2 images of 8 tokens: the gradient of a loss with respect to `W_r`, without and with the multiplication.
 
 # %%
-x = jax.random.normal(jax.random.key(0), (2, 8, 4))  # (batch, tokens, width)
-w_router = jax.random.normal(jax.random.key(1), (4,))
-block_weights = jax.random.normal(jax.random.key(2), (4, 4))
+x = jax.random.normal(jax.random.key(SEED), (2, 8, 4))  # (batch, tokens, width)
+w_router = jax.random.normal(jax.random.key(SEED + 1), (4,))
+block_weights = jax.random.normal(jax.random.key(SEED + 2), (4, 4))
 
 
 def mod_step(w_router, multiply):
@@ -160,10 +162,10 @@ assert np.all(grad_plain == 0) and np.all(np.abs(grad_gated) > 0)
 
 # %%
 PRETRAIN = TrainConfig(steps=300, batch_size=128, learning_rate=2e-3, warmup_steps=30, log_every=25, eval_every=0,
-                       checkpoint_every=0, eval_batch_size=525)
+                       checkpoint_every=0, eval_batch_size=525, seed=SEED)
 dense = train(dense_config, digits, PRETRAIN).model
 dense_test = evaluate(dense, digits, "test", batch_size=525)["accuracy"]
-print(f"dense: test accuracy {dense_test:.3f} after {PRETRAIN.steps} steps of {PRETRAIN.batch_size} images "
+print(f"dense backbone: test accuracy {dense_test:.3f} after {PRETRAIN.steps} steps of {PRETRAIN.batch_size} images "
       f"(chance: 0.100)")
 assert dense_test >= 0.3, dense_test
 
@@ -211,7 +213,8 @@ assert set(kept_by_library) == set(np.argsort(-literal, kind="stable")[:mod_capa
 # both lose almost everything there (0.97% and 0.42%). Here, on all 1,050 test canvases:
 
 # %%
-adapted = {(router, c): mod_from_vit(dense, capacity=c, router=router) for router in ROUTERS for c in CAPACITIES}
+adapted = {(router, c): mod_from_vit(dense, capacity=c, router=router, seed=SEED) for router in ROUTERS
+           for c in CAPACITIES}
 no_training = accuracies(adapted, "test")
 print(f"dense: {dense_test:.3f}")
 for (router, c), accuracy in no_training.items():
@@ -258,8 +261,9 @@ for name, cost in flops.items():
 assert all(abs(cost / flops["A-MoD"] - 1) < 0.1 for cost in flops.values()), flops
 
 FINETUNE = TrainConfig(steps=80, batch_size=64, learning_rate=1e-3, warmup_steps=10, log_every=20, eval_every=40,
-                       checkpoint_every=0, eval_batch_size=525)
+                       checkpoint_every=0, eval_batch_size=525, seed=SEED)
 start = accuracies(candidates, "val")
+print(f"A-MoD minus standard MoD before fine-tuning: {start['A-MoD'] - start['standard MoD']:+.3f} (validation)")
 with ThreadPoolExecutor(len(candidates)) as pool:
     jobs = {name: pool.submit(train, model.config, digits, FINETUNE, init_model=model, progress=False)
             for name, model in candidates.items()}

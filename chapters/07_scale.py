@@ -31,7 +31,8 @@
 import os
 
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before JAX starts
+# before JAX starts; added to flags already set (e.g. --xla_cpu_max_isa), not replacing them
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
 if not FULL_SCALE:
     os.environ["JAX_PLATFORMS"] = "cpu"  # the lesson: CPU devices only, even on a GPU machine
 
@@ -50,9 +51,11 @@ from moe_course.data import ClutteredDigits
 from moe_course.layers.moe import route
 from moe_course.models import build_model
 from moe_course.routing import CapacityRoundingWarning
+from moe_course.settings import chapter_seed
 from moe_course.train import TrainConfig, train
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: the random weights, inputs and the short training runs
 CPUS = jax.devices("cpu")  # the lesson's eight devices; the full-scale cell uses the accelerators
 jax.config.update("jax_default_device", CPUS[0])
 print(len(CPUS), "CPU devices:", CPUS)
@@ -110,7 +113,7 @@ plt.show()
 # model family of the course, since it only looks for `Experts` modules.
 
 # %%
-model = build_model(config, rngs=nnx.Rngs(0))
+model = build_model(config, rngs=nnx.Rngs(SEED))
 single_model = nnx.clone(model)  # the one-device twin, same weights
 parallel.shard_model(model, mesh)
 specs = list(parallel.annotated_specs(model).items())  # read back through nnx.get_partition_spec
@@ -159,7 +162,7 @@ assert all(np.allclose(held[i], 1 / n_expert) for i, (_, s) in enumerate(specs) 
 digits = ClutteredDigits()
 images = digits.get("train", np.arange(64))["image"]
 layer = single_model.blocks[1].mlp
-x = jax.random.normal(jax.random.key(0), (64, 16, config.width))  # stand-in layer input: 64 images x 16 tokens
+x = jax.random.normal(jax.random.key(SEED), (64, 16, config.width))  # stand-in layer input: 64 images x 16 tokens
 groups = x.reshape(8, 8 * 16, config.width)  # 8 routing groups of 8 images, one group per device
 allocation, _ = route(routing, layer, layer.router(groups))
 G, T, D, B = 8, 8 * 16, config.width, allocation.capacity
@@ -307,7 +310,7 @@ assert all(bool(jnp.array_equal(a.served, b.served)) for a, b in zip(sharded_out
 
 # %%
 run = TrainConfig(steps=8, batch_size=64, learning_rate=1e-3, warmup_steps=2, log_every=1, eval_every=0,
-                  checkpoint_every=0, eval_batch_size=64)
+                  checkpoint_every=0, eval_batch_size=64, seed=SEED)
 one = train(config, digits, run, progress=False)
 many = train(config, digits, run, progress=False, mesh=mesh)
 gap = max(abs(a["loss"] - b["loss"]) for a, b in zip(one.history, many.history))

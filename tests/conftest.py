@@ -1,7 +1,66 @@
+"""Shared fixtures, and the two options that split the suite between the stages of .ci/run.
+
+``--record-unrun PATH`` (stage 1, README command 1's install: no PyTorch, no nbgrader) writes the node id of every
+test that skipped or was deselected to PATH; ``--only-listed PATH`` (stage 2, after PyTorch and the instructor
+extra are added) runs only those. Together they run the whole suite once; a user's ``python -m pytest`` (README
+command 2) runs all of it.
+"""
+
+from pathlib import Path
+
 import pytest
 
 from moe_course.configs import ViTConfig
 from moe_course.data import ClutteredDigits, DigitsConfig
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("moe-course", "the stages of .ci/run")
+    group.addoption("--record-unrun", metavar="PATH", type=Path,
+                    help="write the node ids of the tests that skipped or were deselected to PATH, one per line")
+    group.addoption("--only-listed", metavar="PATH", type=Path,
+                    help="run only the tests whose node ids PATH lists (as --record-unrun wrote them)")
+
+
+_unrun: list[str] = []  # node ids of this session's skipped and deselected tests, in the order pytest reported them
+
+
+def pytest_collection_modifyitems(config, items):
+    listed = config.getoption("only_listed")
+    if listed is None:
+        return
+    if not listed.is_file():
+        raise pytest.UsageError(f"--only-listed={str(listed)!r}: no such file; pass the file --record-unrun wrote")
+    wanted = set(listed.read_text().splitlines())  # test ids, and the files whose collection skipped as a whole
+
+    def is_listed(item):
+        return item.nodeid in wanted or item.nodeid.split("::")[0] in wanted
+
+    config.hook.pytest_deselected(items=[item for item in items if not is_listed(item)])
+    items[:] = [item for item in items if is_listed(item)]
+
+
+def pytest_deselected(items):
+    _unrun.extend(item.nodeid for item in items)
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail") and report.nodeid not in _unrun:
+        _unrun.append(report.nodeid)
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a whole file skipped while importing (pytest.importorskip at module level)
+        _unrun.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("record_unrun")
+    if path is not None:
+        path.write_text("".join(f"{nodeid}\n" for nodeid in _unrun))
+    listed = session.config.getoption("only_listed")
+    if listed is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and not listed.read_text().strip():
+        session.exitstatus = pytest.ExitCode.OK  # the first stage skipped nothing: nothing is left to run
 
 
 @pytest.fixture(scope="session")

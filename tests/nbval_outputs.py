@@ -1,13 +1,15 @@
 """pytest plugin for the chapter tests' nbval run: a JSON summary of every executed cell's outputs.
 
 Loaded with ``-p nbval_outputs`` in the nbval subprocess of tests/test_chapters.py; writes a list of
-{"cell", "images", "longest_text"} records to the file named by MOE_COURSE_OUTPUT_SUMMARY.
+{"cell", "images", "longest_text", "text"} records to the file named by MOE_COURSE_OUTPUT_SUMMARY ("text": what the
+cell printed, its first TEXT_LIMIT characters).
 """
 
 import json
 import os
 
 _cells: list[dict] = []
+TEXT_LIMIT = 20_000
 
 
 def _text_lines(output) -> int:
@@ -25,6 +27,8 @@ def pytest_runtest_teardown(item):
         "cell": item.name,
         "images": sum("image/png" in output.get("data", {}) for output in outputs),
         "longest_text": max((_text_lines(output) for output in outputs), default=0),
+        "text": "".join(output.get("text", "") for output in outputs
+                        if output.get("output_type") == "stream")[:TEXT_LIMIT],
     })
 
 

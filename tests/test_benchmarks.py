@@ -239,3 +239,28 @@ def test_accelerator_script_runs_a_part_and_refuses_an_unknown_one(tmp_path):
     assert "usable cores" in (tmp_path / "device.txt").read_text()
     log = (tmp_path / "main.log").read_text()
     assert "train_seconds:" in log and "test_accuracy:" in log and "== main: exit 0" in log, log
+
+
+@pytest.mark.slow
+def test_chapter_robustness_runs_a_chapter_under_avx2_and_another_seed(tmp_path):
+    out = _run("chapter_robustness.py", "--chapters", "02_moe_layer", "--runs", "avx2:1", "--json",
+               str(tmp_path / "rows.json"), timeout=600)
+    assert "1 of 1 runs passed" in out, out[-3000:]
+    (row,) = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert (row["chapter"], row["isa"], row["seed"], row["passed"]) == ("02_moe_layer", "avx2", 1, True)
+    assert "?" not in row["numbers"] and "noise flips" in row["numbers"], row
+
+
+def test_chapter_robustness_refuses_a_run_that_is_not_isa_and_seed():
+    result = subprocess.run([sys.executable, str(BENCHMARKS / "chapter_robustness.py"), "--runs", "avx512:0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "run 'avx512:0' is not ISA:SEED" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_isa_drift_trains_under_both_instruction_sets():
+    out = _run("isa_drift.py", "--quick", "--preset", "vmoe:digits-tiny-moe", timeout=600)
+    assert "first MoE layer's expert choices for batch 0 at initialisation" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["6"]]
+    assert len(rows) == 1 and all(_is_number(field) for field in rows[0]), out
+    assert "test metric after 6 steps: native" in out

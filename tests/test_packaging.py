@@ -47,10 +47,24 @@ def _ci_lines() -> list[str]:
     return [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
 
 
-def test_readme_test_command_is_what_ci_runs():
+def _readme_test_command() -> str:
     readme = (ROOT / "README.md").read_text()
-    test_command = re.search(r"<!-- test-command -->\s*```(?:bash)?\n(.+?)\n```", readme, re.S).group(1).strip()
-    assert test_command in _ci_lines()
+    return re.search(r"<!-- test-command -->\s*```(?:bash)?\n(.+?)\n```", readme, re.S).group(1).strip()
+
+
+def _pytest_lines() -> list[str]:
+    return [line for line in _ci_lines() if line.startswith("python -m pytest")]
+
+
+def test_readme_test_command_is_what_ci_runs():
+    """CI runs README command 2 in two stages, which split the suite without leaving anything out: the first
+    records what it skipped or deselected, the second runs exactly that (tests/conftest.py)."""
+    command = _readme_test_command()
+    first, second = _pytest_lines()
+    assert first.startswith(command + " ") and second.startswith(command + " "), (command, first, second)
+    recorded = re.fullmatch(re.escape(command) + r' --record-unrun (\S+)', first)
+    replayed = re.fullmatch(re.escape(command) + r' --only-listed (\S+)', second)
+    assert recorded and replayed and recorded.group(1) == replayed.group(1), (first, second)
 
 
 def test_ci_installs_what_readme_command_1_installs():
@@ -62,12 +76,14 @@ def test_ci_installs_what_readme_command_1_installs():
 
 def test_ci_runs_the_tests_in_the_readme_command_1_install_too():
     """README command 1 installs neither PyTorch nor nbgrader, so tests that need them must skip by name there:
-    CI runs the suite (all but the chapters) after that install, before adding the two."""
+    CI runs the whole suite, chapters and slow tests included, after that install, before adding the two."""
     lines = _ci_lines()
     install = lines.index('pip install -e ".[lab,test]"')
     extras = next(i for i, line in enumerate(lines) if line.startswith("pip install") and "torch" in line)
     between = [line for line in lines[install + 1:extras] if line.startswith("python -m pytest")]
-    assert between and "test_chapters" in between[0], lines[install:extras]
+    assert between == [_pytest_lines()[0]], lines[install:extras]
+    options = between[0].removeprefix(_readme_test_command())
+    assert not re.search(r"--ignore|--deselect|-m |-k ", options), between[0]  # nothing left out of stage 1
 
 
 def test_accelerator_extras_name_real_jax_extras():

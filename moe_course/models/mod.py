@@ -55,18 +55,18 @@ class MoDViT(ViT):
                            attention=tuple(maps) if return_attention else (), routing=tuple(records))
 
 
-def mod_from_vit(vit: ViT, **mod_fields) -> MoDViT:
+def mod_from_vit(vit: ViT, *, seed: int = 0, **mod_fields) -> MoDViT:
     """Adapt a (pretrained) dense ViT into a MoD ViT without training (A-MoD Sec. 4, Table 3).
 
     vit: a dense ``ViT``. mod_fields: capacity, router, mod_placement, mod_last_n (see ``MoDConfig``). Every
     weight of the dense model is copied bit-identical into the MoD model: blocks that become MoD blocks keep
-    their attention and MLP; only a standard router is new (``MoDBlock``'s fresh initialisation).
+    their attention and MLP; only a standard router is new (``MoDBlock``'s fresh initialisation from ``seed``).
     Raises ValueError when ``vit`` is not a dense ViT or a field is invalid.
     """
     if type(vit) is not ViT:
         raise ValueError(f"init model is a {type(vit).__name__}; MoD adapts a dense ViT (moe_course.models.ViT)")
     config = mod_config_from_vit(vit.config, **mod_fields)
-    model = MoDViT(config, rngs=nnx.Rngs(0))
+    model = MoDViT(config, rngs=nnx.Rngs(seed))
     dense_state = nnx.state(vit, nnx.Param)
     for i in config.mod_blocks():  # the dense block's parameters move under blocks[i].block
         dense_state["blocks"][i] = {"block": dense_state["blocks"][i]}

@@ -1,0 +1,26 @@
+"""Settings the chapters read from the environment, checked before anything trains."""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+SEED_VARIABLE = "MOE_COURSE_SEED"
+
+
+def chapter_seed(environ: Mapping[str, str] = os.environ) -> int:
+    """The seed a chapter initialises and trains its models with: ``MOE_COURSE_SEED``, 0 when unset or empty.
+
+    Every random draw a chapter's claims rest on (parameter initialisation, router noise, batch order) follows
+    this seed, so a chapter can be rerun with ``MOE_COURSE_SEED=1`` to see which of its numbers are the
+    model's and which are the seed's. The data (the digit canvases) do not change with it.
+
+    Raises:
+        ValueError: the variable is set to anything but a non-negative integer (e.g. ``"-1"``, ``"one"``).
+    """
+    value = environ.get(SEED_VARIABLE, "").strip()
+    if not value:
+        return 0
+    if not value.isdigit():
+        raise ValueError(f"{SEED_VARIABLE}={value!r} is not allowed; use a non-negative integer such as 0, 1 or 2")
+    return int(value)

@@ -1,0 +1,16 @@
+"""The environment settings the chapters read (moe_course.settings)."""
+
+import pytest
+
+from moe_course.settings import chapter_seed
+
+
+@pytest.mark.parametrize("value, seed", [(None, 0), ("", 0), ("0", 0), ("2", 2), (" 17 ", 17)])
+def test_chapter_seed(value, seed):
+    assert chapter_seed({} if value is None else {"MOE_COURSE_SEED": value}) == seed
+
+
+@pytest.mark.parametrize("value", ["-1", "one", "1.5", "0x2"])
+def test_chapter_seed_refuses_what_is_not_a_non_negative_integer(value):
+    with pytest.raises(ValueError, match=rf"MOE_COURSE_SEED='{value}' is not allowed; use a non-negative integer"):
+        chapter_seed({"MOE_COURSE_SEED": value})

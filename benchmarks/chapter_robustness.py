@@ -38,14 +38,14 @@ KEY_NUMBERS = {
     "02_moe_layer": [("noise flips", r"changed by the noise: (\d+%)"),
                      ("length~priority", r"token length and BPR priority score: (-?\d\.\d+)")],
     "03_vmoe_bpr": [("V-MoE test acc", r"V-MoE \(E=8, k=2\): test accuracy (\d\.\d+)"),
-                    ("BPR lead C<0.5", r"BPR minus vanilla below C = 0.5, mean (-?[\d.]+)")],
+                    ("BPR lead C<0.5", r"BPR minus vanilla below C = 0.5, mean ([+-]?[\d.]+)")],
     "04_limoe": [("zero-shot", r"LIMoE trained here: zero-shot (\d\.\d+)"),
                  ("text served", r"test success rates: .*?text/layer0 (\d\.\d+)"),
                  ("1 expert: drop", r"router_drop .*1 kept: (\d\.\d+)"),
                  ("pred", r"router_pred .*1 kept: (\d\.\d+)")],
     "05_soft_moe": [("Soft MoE test acc", r"Soft MoE trained here: test accuracy (\d\.\d+)")],
     "06_mod": [("dense test acc", r"dense backbone: test accuracy (\d\.\d+)"),
-               ("A-MoD - std, start", r"A-MoD minus standard MoD before fine-tuning: (-?[\d.]+)")],
+               ("A-MoD - std, start", r"A-MoD minus standard MoD before fine-tuning: ([+-]?[\d.]+)")],
     "07_scale": [("8-dev vs 1 gap", r"-- largest difference ([\d.e+-]+)")],
 }
 

@@ -223,8 +223,10 @@ print(f"trained {CHAPTER_STEPS} steps in {time.perf_counter() - started:.0f} s; 
 plot_history(result.history);
 
 # %% [markdown]
-# **Claim: a small ViT learns what the linear model cannot.** The assertion below is a floor a bit under
-# the accuracy this short run reaches (it varies by a point or two with the machine's floating point).
+# **Claim: a small ViT learns what the linear model cannot.** The assertion below is a floor under the
+# accuracy this short run reaches. What it reaches varies with the seed and the machine: four runs of this
+# notebook (seeds 0, 1, 2 with `MOE_COURSE_SEED`, and seed 0 with XLA limited to AVX2 instructions;
+# `benchmarks/chapter_robustness.py`) printed 0.88-0.91, so expect a number of that size, not a particular one.
 
 # %%
 assert test["accuracy"] >= 0.8, test
@@ -250,10 +252,10 @@ show_patch_values(examples["image"], received, config.patch_size, titles=titles,
                   label="attention received in the last block\n(mean over heads and query tokens)");
 
 # %% [markdown]
-# When we ran this, the last block's attention went mostly to one or two patches per image, and in all six
-# images above the brightest patch lay on the digit -- often on one distinctive part of it (the top of a two,
-# the loops of an eight) rather than on the whole digit -- while clutter strokes received little. Six images
-# prove nothing, so we measure over the whole test split: the share of attention that goes to patches
+# What to look for: does the last block's attention go mostly to one or two patches per image, and does the
+# brightest patch lie on the digit -- on the whole digit, or on one distinctive part of it (the top of a two,
+# the loops of an eight)? How much do the clutter strokes receive? Six images prove nothing, and which six look
+# clean changes with the seed, so we measure over the whole test split: the share of attention that goes to patches
 # overlapping the digit's box, against the share of patches those are (58%: an 8x8 patch that touches the box
 # counts), and how often the single most-attended patch lies on the digit.
 
@@ -269,6 +271,11 @@ last_share = (last_received * on_digit).sum(1).mean()
 top_on_digit = on_digit[np.arange(len(on_digit)), last_received.argmax(1)].mean()
 print(f"last block: the most-attended patch lies on the digit in {top_on_digit:.0%} of the test images")
 assert last_share > on_digit.mean() + 0.1 and top_on_digit > on_digit.mean() + 0.2, (last_share, top_on_digit)
+
+# %% [markdown]
+# In four runs of this notebook (seeds 0-2, and seed 0 with XLA limited to AVX2) the last block sent 73-77% of
+# its attention to the 58% of patches on the digit, and its most-attended patch lay on the digit in 96-98% of
+# the test images; the earlier blocks sent 85-93%. The assertion above keeps a wide margin under both.
 
 # %% [markdown]
 # ## 7. Full scale

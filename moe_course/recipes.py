@@ -32,6 +32,10 @@ _CPU_RECIPES = {
     **{name: TrainConfig(steps=8000, batch_size=128, learning_rate=2e-3, warmup_steps=100, checkpoint_every=1000,
                          log_every=100, eval_every=1000)
        for name in ("glyphs-tiny", "glyphs-tiny-moe", "glyphs-tiny-ec", "glyphs-tiny-soft")},
+    # Chapter 6's pretrained backbone (benchmarks/mod_backbone.py records it in moe_course/results): long enough
+    # to have learned (docs/results.md, "Mixture-of-Depths").
+    "digits-24-p4": TrainConfig(steps=4000, batch_size=128, learning_rate=1e-3, warmup_steps=200,
+                                checkpoint_every=1000, log_every=100, eval_every=1000),
     "digits-small": TrainConfig(steps=3000, batch_size=128, learning_rate=1e-3, warmup_steps=150,
                                 checkpoint_every=500, log_every=50, eval_every=500),
 }

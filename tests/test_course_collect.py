@@ -98,9 +98,21 @@ def test_grades_csv_cells_are_inert():
     from moe_course.course.grade import CELL_CHARS, csv_cell
 
     assert csv_cell('=HYPERLINK("http://x","click")') == '\'=HYPERLINK("http://x","click")'
-    for start in ("+", "-", "@", "\t", "\r"):
+    for start in ("+", "-", "@"):
         assert csv_cell(start + "1+1").startswith("'"), start
+    # invisible or blank characters before the formula: removed first, then the formula is made text
+    for hidden in ("\t", "\r", "\u202e", "\u200b", "\x00", " ", "\u00a0", "\ufeff", " \u200b\t"):
+        assert csv_cell(hidden + "=1+1") == "'=1+1", repr(hidden)
+    assert csv_cell("right\u202eleft") == "right left"
     assert csv_cell("failed: cell timed out") == "failed: cell timed out"
     assert csv_cell("line one\nline two\x1b[31m") == "line one line two [31m"
     assert len(csv_cell("e" * 10_000)) == CELL_CHARS
     assert csv_cell(7.5) == 7.5 and csv_cell(None) is None
+
+
+def test_grades_csv_flags_column_joins_reasons_and_keeps_a_lone_one_whole():
+    from moe_course.course.grade import flags_text
+
+    assert flags_text(["not scanned: RecursionError"]) == "not scanned: RecursionError"
+    assert flags_text(["a", "b"]) == "a; b" and flags_text([]) == ""
+    assert flags_text("not scanned: MemoryError") == "not scanned: MemoryError"  # a record written before the fix

@@ -2,7 +2,7 @@
 
 import pytest
 
-from moe_course.settings import chapter_seed
+from moe_course.settings import chapter_seed, retrain_recorded
 
 
 @pytest.mark.parametrize("value, seed", [(None, 0), ("", 0), ("0", 0), ("2", 2), (" 17 ", 17)])
@@ -14,3 +14,13 @@ def test_chapter_seed(value, seed):
 def test_chapter_seed_refuses_what_is_not_a_non_negative_integer(value):
     with pytest.raises(ValueError, match=rf"MOE_COURSE_SEED='{value}' is not allowed; use a non-negative integer"):
         chapter_seed({"MOE_COURSE_SEED": value})
+
+
+@pytest.mark.parametrize("value, retrain", [(None, False), ("", False), ("0", False), ("1", True)])
+def test_retrain_recorded(value, retrain):
+    assert retrain_recorded({} if value is None else {"MOE_COURSE_RETRAIN": value}) is retrain
+
+
+def test_retrain_recorded_refuses_other_values():
+    with pytest.raises(ValueError, match=r"MOE_COURSE_RETRAIN='yes' is not allowed; use 1 \(train again\) or 0"):
+        retrain_recorded({"MOE_COURSE_RETRAIN": "yes"})

@@ -132,6 +132,12 @@ VIT_PRESETS: dict[str, ViTConfig] = {
             mlp_dim=128, num_classes=10, pool="gap",
         ),
         GLYPHS_TINY,
+        # Chapter 6's backbone (Mixture-of-Depths needs tokens to choose from): digits-tiny on 24x24 canvases
+        # (DigitsConfig.for_image_size(24)) in 4x4-pixel patches, 36 tokens.
+        ViTConfig(
+            name="digits-24-p4", image_size=24, patch_size=4, channels=1, width=64, depth=4, heads=4,
+            mlp_dim=128, num_classes=10, pool="gap",
+        ),
         ViTConfig(
             name="digits-small", image_size=32, patch_size=4, channels=1, width=96, depth=6, heads=4,
             mlp_dim=192, num_classes=10, pool="gap",

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import unicodedata
 from pathlib import Path
 
 from moe_course.course import budget
@@ -167,7 +168,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
         try:
             record["flags"] = scan_notebook(notebook)
         except Exception as error:  # RecursionError from a deeply nested notebook, say: this row only
-            record["flags"] = f"not scanned: {type(error).__name__}"
+            record["flags"] = [f"not scanned: {type(error).__name__}"]
         record["sandbox"] = "bwrap" if sandbox else NO_SANDBOX
         record["limits"] = limits_held
         _, result = record_paths(course_dir, assignment, record["student"])
@@ -213,21 +214,30 @@ def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path
     return written
 
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet reads as a formula (OWASP, CSV injection)
+FORMULA_START = ("=", "+", "-", "@")  # what a spreadsheet reads as a formula (OWASP, CSV injection); tab and
+# carriage return, OWASP's other two, are control characters that csv_cell removes before it looks
 CELL_CHARS = 300  # characters of text kept per cell: messages, not logs
 
 
 def csv_cell(value):
-    """``value`` as an inert ``grades.csv`` cell: numbers and None as they are; text on one line (control
-    characters become spaces), at most CELL_CHARS characters, and prefixed with ``'`` when it would start with
-    ``= + - @``, a tab or a carriage return, so that a spreadsheet shows it as text instead of running it as a
-    formula (OWASP's advice against CSV injection). A student's grade_id or error text cannot become a formula."""
+    """``value`` as an inert ``grades.csv`` cell: numbers and None as they are; text normalised first -- every run
+    of Unicode control and format characters (categories Cc and Cf: newlines, NUL, escape codes, right-to-left
+    overrides, zero-width spaces) becomes one space and leading whitespace goes -- then cut to CELL_CHARS
+    characters and prefixed with ``'`` when it starts with ``= + - @``, so that a spreadsheet shows it as text
+    instead of running it as a formula (OWASP's advice against CSV injection). Normalising first means no
+    invisible character can hide a formula behind it: a student's grade_id or error text cannot become one."""
     if not isinstance(value, str):
         return value
-    text = re.sub(r"[\x00-\x1f\x7f]+", " ", value)
+    marked = "".join("\x00" if unicodedata.category(char) in ("Cc", "Cf") else char for char in value)
+    text = re.sub("\x00+", " ", marked).lstrip()
     if len(text) > CELL_CHARS:
         text = text[:CELL_CHARS - 3] + "..."
-    return "'" + text if value.startswith(FORMULA_START) or text.startswith(FORMULA_START) else text
+    return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def flags_text(flags) -> str:
+    """The ``flags`` column: the scan's reasons joined by "; " (a lone reason given as a string stays whole)."""
+    return flags if isinstance(flags, str) else "; ".join(flags)
 
 
 def export(course_dir: Path, target: Path | None = None) -> Path:
@@ -254,7 +264,7 @@ def export(course_dir: Path, target: Path | None = None) -> Path:
         record = records[key]
         record["max_score"] = record["max_score"] if record["max_score"] is not None else max_scores.get(
             record["assignment"])
-        record["flags"] = "; ".join(record.get("flags", []))
+        record["flags"] = flags_text(record.get("flags", []))
         rows.append({field: csv_cell(record.get(field, "")) for field in GRADES_FIELDS})
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w", newline="") as handle:

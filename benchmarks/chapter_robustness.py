@@ -10,7 +10,11 @@ assertion of every failed run.
 
 Usage: python benchmarks/chapter_robustness.py [--chapters 01_vit 04_limoe] [--runs native:0 native:1 avx2:0]
        [--jobs 2] [--keep DIR] [--json results.json]
+       python benchmarks/chapter_robustness.py --report DIR [DIR ...]
 Runs one chapter at a time by default (--jobs 2 on two cores takes about as long: each run uses both cores).
+With --keep DIR every run's notebook and outputs stay in DIR, and DIR/results.json holds the rows; --report prints
+the table again from such folders (a later folder's run replaces an earlier one's), so that a chapter changed and
+run again joins the table of the others.
 """
 
 from __future__ import annotations
@@ -95,9 +99,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="chapter runs at once (default 1)")
     parser.add_argument("--keep", type=Path, help="keep every run's notebook, outputs and checkpoints here")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="DIR", help="print the table of earlier --keep "
+                        "folders instead of running anything")
     args = parser.parse_args()
     if args.jobs < 1:
         parser.error(f"--jobs={args.jobs} is not allowed; use a positive integer")
+    if args.report:
+        missing = [str(folder) for folder in args.report if not (folder / "results.json").is_file()]
+        if missing:
+            parser.error(f"--report: no results.json in {', '.join(missing)} (folders written with --keep)")
+        print(f"device: CPU ({cpu_line()}); the table of {', '.join(map(str, args.report))}")
+        sys.exit(print_table(reported_rows(args.report)))
 
     print(f"device: CPU ({cpu_line()}); XLA_FLAGS in this shell: {os.environ.get('XLA_FLAGS', '') or '(none)'}")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="chapter-robustness-"))
@@ -121,22 +133,42 @@ def main() -> None:
     print(f"{len(jobs)} chapter runs, {args.jobs} at a time; as they finish:", flush=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(one, jobs))
+    results = json.dumps({"cpu": cpu_line(), "rows": rows}, indent=1)
+    for path in filter(None, [args.json, args.keep and args.keep / "results.json"]):
+        path.write_text(results)
+    sys.exit(print_table(rows))
 
-    runs = [f"{isa}:{seed}" for isa, seed in args.runs]
+
+def reported_rows(folders: list[Path]) -> list[dict]:
+    """The rows of earlier --keep folders, key numbers read again from each run's outputs; later folders win."""
+    rows = {}
+    for folder in folders:
+        for row in json.loads((folder / "results.json").read_text())["rows"]:
+            outputs = folder / f"{row['chapter']}-{row['isa']}-seed{row['seed']}" / "outputs.json"
+            if outputs.is_file():
+                text = "\n".join(cell.get("text", "") for cell in json.loads(outputs.read_text()))
+                row = {**row, "numbers": key_numbers(row["chapter"], text)}
+            rows[row["chapter"], row["isa"], row["seed"]] = row
+    return list(rows.values())
+
+
+def print_table(rows: list[dict]) -> int:
+    """Print chapter x run -> pass/FAIL, each run's key numbers, then every failure; returns 1 if any failed."""
+    runs = list(dict.fromkeys(f"{r['isa']}:{r['seed']}" for r in rows))
+    stems = [chapter.stem for chapter in CHAPTERS if any(r["chapter"] == chapter.stem for r in rows)]
     print("\nchapter        " + "  ".join(f"{run:>9s}" for run in runs) + "   key numbers per run")
-    for stem in args.chapters:
+    for stem in stems:
         mine = {f"{r['isa']}:{r['seed']}": r for r in rows if r["chapter"] == stem}
-        print(f"{stem:13s}  " + "  ".join(f"{'pass' if mine[run]['passed'] else 'FAIL':>9s}" for run in runs))
-        for run in runs:
+        print(f"{stem:13s}  " + "  ".join(f"{'pass' if mine[run]['passed'] else 'FAIL':>9s}" if run in mine
+                                          else f"{'-':>9s}" for run in runs))
+        for run in (run for run in runs if run in mine):
             print(f"{'':15s}{run:>9s}: {mine[run]['numbers']} ({mine[run]['seconds']} s)")
     failed = [r for r in rows if not r["passed"]]
     print(f"\n{len(rows) - len(failed)} of {len(rows)} runs passed; {sum(r['seconds'] for r in rows) / 60:.0f} "
           "chapter-minutes")
     for r in failed:
         print(f"FAIL {r['chapter']} {r['isa']}:{r['seed']}: {r['failure']}")
-    if args.json:
-        args.json.write_text(json.dumps({"cpu": cpu_line(), "rows": rows}, indent=1))
-    sys.exit(1 if failed else 0)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -305,7 +305,7 @@ for name in configs:
 at_twice = {name: long_runs[kinds[name], 0]["test_accuracy"] for name in configs}
 
 # %% [markdown]
-# **Every model gains from twice the steps, and the MoEs gain more** (seed 0, when we wrote this: Tokens Choice
+# **Every model gains from twice the steps, and the MoEs gain more** (seed 0, recorded runs: Tokens Choice
 # 0.998, Experts Choice 0.997, Soft MoE 0.990, dense 0.986). Experts Choice, which tied the dense model at the
 # recipe's budget, joins Tokens Choice on this seed -- slower to learn rather than worse, if more seeds agree
 # (one seed is a hint, not a result). Soft MoE stays within half a point of
@@ -371,7 +371,7 @@ ax.legend(fontsize=8);
 # **What held (one seed per point; the recipes' seed-to-seed spread is about a point, so smaller differences
 # are not findings).** Tokens Choice beats the dense model at every E from 4 to 64 and does not degrade: the
 # paper's degradation sets in at hundreds to thousands of experts. Experts Choice improves with E (0.947,
-# 0.972, 0.978 when we recorded them for E = 4, 16, 32). Soft MoE improves as its experts grow at fixed slots
+# 0.972, 0.978 in the recorded runs for E = 4, 16, 32). Soft MoE improves as its experts grow at fixed slots
 # -- the direction of the paper's Fig. 6 -- but stays below the dense model at every E we could run; the
 # paper's ordering, Soft MoE above both, does not show at this scale.
 

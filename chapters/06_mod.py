@@ -230,19 +230,21 @@ for (router, c), accuracy in no_training.items():
 
 # %% [markdown]
 # **Claims (Table 3 at toy scale).** At 50% capacity, attention routing keeps most of the pretrained model's
-# accuracy without any training, and clearly more than a fresh standard router. At 12.5% both lose a large
-# part of it and end up about level (when we wrote this: 0.267 and 0.268 of a dense 0.426; at 50%, 0.390
-# against 0.326). Two differences from the paper show here: its fresh standard routers collapse to near
-# chance on ImageNet even at 50%, ours keeps three quarters of the dense accuracy -- a 4-block model on
-# digits leans less on any single block than a 12-block DeiT on ImageNet; and at 12.5% A-MoD's advantage,
-# small in the paper too (0.97% against 0.42% for DeiT-Ti), is gone here.
+# accuracy without any training, and far more than a fresh standard router; at 12.5% both lose much of it, and
+# attention routing still keeps more. Attention routing has no parameters, so its numbers here are the recorded
+# backbone's and the same on every run (0.919 and 0.521 of a dense 0.960 on ours). The standard router is drawn
+# fresh from the seed, and what it keeps swings with the draw: 0.29-0.62 at 50% and 0.23-0.34 at 12.5% over
+# seeds 0-2 (`MOE_COURSE_SEED`) -- a random router picks random tokens, and which tokens a random direction
+# favours matters a lot. The paper's fresh standard routers fall close to chance on ImageNet (DeiT-Ti at 50%:
+# 4.45% against A-MoD's 52.6%); ours keep more, as a 4-block model on digits leans less on any single block than
+# a 12-block DeiT on ImageNet.
 
 # %%
 assert no_training[("attention", 0.5)] >= 0.8 * dense_test, no_training
-assert no_training[("attention", 0.5)] >= no_training[("standard", 0.5)] + 0.03, no_training
+assert no_training[("attention", 0.5)] >= no_training[("standard", 0.5)] + 0.1, no_training
 for router in ROUTERS:
     assert no_training[(router, 0.125)] <= 0.8 * dense_test, no_training
-assert abs(no_training[("attention", 0.125)] - no_training[("standard", 0.125)]) <= 0.03, no_training
+assert no_training[("attention", 0.125)] >= no_training[("standard", 0.125)] + 0.1, no_training
 
 # %% [markdown]
 # ## 5. Fine-tuning beside an isoFLOP baseline (Table 1, Fig. 4)
@@ -293,22 +295,22 @@ for name in candidates:
           f"{', '.join(f'{a:.3f}' for _, a in curves[name])}; test {tuned_test[name]:.3f}")
 
 # %% [markdown]
-# **What we measured** (when we wrote this: validation accuracy at step 0 A-MoD 0.395, standard MoD 0.327,
-# isoFLOP 0.415; test accuracy after 80 steps 0.438, 0.408 and 0.450). All three improve in 80 short steps
-# (the pretraining was short, so fine-tuning also keeps teaching the backbone). A-MoD starts well above
-# standard routing and is still ahead of it at the end, as in the paper. **The isoFLOP baseline is not beaten
-# here**: dropping the last of 4 blocks costs the pretrained model almost nothing on these digits (0.415
-# without training), and after fine-tuning it is level with or above A-MoD. The paper has A-MoD ahead of
-# isoFLOP on ImageNet (Table 1), but behind it on its small transfer tasks (Sec. 4.3, Tables 4-5) -- this
-# toy setting behaves like the latter.
+# **What to look for** (the printed curves). All three improve in 80 short steps. A-MoD starts far above
+# standard routing -- it starts where the pretrained model already is -- and is still well ahead at the end, as
+# in the paper; the standard router, starting from a random choice of tokens, gains the most and still ends 16-24
+# points behind (seeds 0-2). **A-MoD against the isoFLOP baseline** (the first 3 of the 4 blocks, no routing):
+# in our runs A-MoD ended 1.3-1.9 points of test accuracy above it on each of seeds 0, 1 and 2 (0.944, 0.937,
+# 0.942 against 0.925, 0.921, 0.929), the direction of the paper's ImageNet runs (Table 1; on its small transfer
+# tasks, Tables 4-5, the isoFLOP model is ahead). A gap of a point or two after 80 steps is a remark, not a
+# result, so the cell below asserts only the standard-router comparison.
 
 # %%
 tuned_val = {name: curve[-1][1] for name, curve in curves.items()}
 iso_name = next(name for name in candidates if name.startswith("isoFLOP"))
 assert all(tuned_val[name] > start[name] for name in candidates), (start, tuned_val)
-assert start["A-MoD"] >= start["standard MoD"] + 0.04, start
-assert tuned_test["A-MoD"] >= tuned_test["standard MoD"] + 0.01, tuned_test
-assert tuned_test[iso_name] >= tuned_test["A-MoD"] - 0.02, tuned_test
+assert start["A-MoD"] >= start["standard MoD"] + 0.1, start
+assert tuned_test["A-MoD"] >= tuned_test["standard MoD"] + 0.1, tuned_test
+print(f"A-MoD minus isoFLOP after fine-tuning: {tuned_test['A-MoD'] - tuned_test[iso_name]:+.3f} (test)")
 
 # %% [markdown]
 # ## 6. Which patches are kept (Fig. 6)
@@ -346,8 +348,9 @@ for name, model in tuned.items():
 
 # %% [markdown]
 # **Claim (Fig. 6): A-MoD keeps the digit.** In both MoD blocks the patches A-MoD processes lie on the digit
-# far more often than patches in general (when we wrote this: 69% and 67% against 44%), and more often than
-# the ones standard routing processes (46% and 28%: its second MoD block prefers the background).
+# far more often than patches in general (67-68% against 44% in our runs, seeds 0-2), and more often than the
+# ones the fine-tuned standard router processes (32-53%, depending on the seed: some of its blocks prefer the
+# background).
 
 # %%
 for block in tuned["A-MoD"].config.mod_blocks():
@@ -387,10 +390,9 @@ for name in scored:
 # %% [markdown]
 # **What we measured: the direction of App. A, not its size.** Attention routing's scores correlate
 # positively with leave-one-out importance in both MoD blocks, and more than the fine-tuned standard router's,
-# which turns negative in the second MoD block (when we wrote this: A-MoD +0.09 and +0.10, fine-tuned standard
-# +0.04 and -0.12). But the paper reports *high* correlations for A-MoD; here they are weak. The dense model
-# is weak too (its test accuracy is printed in section 2), and removing one of 36 tokens changes its loss
-# little, so the importance itself is noisy at this scale.
+# which stays near zero (seeds 0-2: A-MoD +0.20 to +0.23, as adapted and fine-tuned; the fine-tuned standard
+# router -0.12 to +0.07). But the paper reports *high* correlations for A-MoD; here they are weak. Removing one
+# of 36 tokens changes a trained model's loss little, so the importance itself is noisy at this scale.
 
 # %%
 for block in blocks:
@@ -442,9 +444,9 @@ ax.set_title("Measured side by side, one run", fontsize=10);
 # **What the clock says at this size: little you can rely on.** A forward pass takes tens of milliseconds,
 # much of it overhead that does not shrink with the tokens (the gathers, scatters and top-k the FLOP count
 # leaves out, and dispatching many small operations), and on a shared machine other programs move the numbers
-# by more than MoD saves. When we wrote this, on a 2-core machine busy with other work, four runs of this
-# cell gave A-MoD at 50% capacity 1.01, 0.48, 0.36 and 1.13 times the dense model's time (dense with explicit
-# maps), at 12.5% 0.54, 0.76, 0.66 and 1.09. The fused dense attention was the slower dense path every time. So we do not assert a wall-clock ratio here; `benchmarks/mod.py` measures
+# by more than MoD saves. Four runs of this cell on a 2-core machine busy with other work (2026-11-24) gave
+# A-MoD at 50% capacity 1.01, 0.48, 0.36 and 1.13 times the dense model's time (dense with explicit maps), at
+# 12.5% 0.54, 0.76, 0.66 and 1.09; your run prints its own. The fused dense attention was the slower dense path every time. So we do not assert a wall-clock ratio here; `benchmarks/mod.py` measures
 # one MoD block at ViT-S/16 sizes, where the saving is clear (benchmarks/README.md: 0.41-0.45 of the full
 # block's time at 50%, 0.09 at 12.5%, on a CPU).
 #

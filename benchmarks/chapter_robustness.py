@@ -48,8 +48,9 @@ KEY_NUMBERS = {
                  ("1 expert: drop", r"router_drop .*1 kept: (\d\.\d+)"),
                  ("pred", r"router_pred .*1 kept: (\d\.\d+)")],
     "05_soft_moe": [("Soft MoE test acc", r"Soft MoE trained here: test accuracy (\d\.\d+)")],
-    "06_mod": [("dense test acc", r"dense backbone: test accuracy (\d\.\d+)"),
-               ("A-MoD - std, start", r"A-MoD minus standard MoD before fine-tuning: ([+-]?[\d.]+)")],
+    "06_mod": [("dense test acc", r"dense backbone \([^)]*\): test accuracy (\d\.\d+)"),
+               ("A-MoD - std, start", r"A-MoD minus standard MoD before fine-tuning: ([+-]?[\d.]+)"),
+               ("A-MoD - isoFLOP, tuned", r"A-MoD minus isoFLOP after fine-tuning: ([+-]?[\d.]+)")],
     "07_scale": [("8-dev vs 1 gap", r"-- largest difference ([\d.e+-]+)")],
 }
 

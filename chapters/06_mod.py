@@ -446,7 +446,8 @@ ax.set_title("Measured side by side, one run", fontsize=10);
 # leaves out, and dispatching many small operations), and on a shared machine other programs move the numbers
 # by more than MoD saves. Four runs of this cell on a 2-core machine busy with other work (2026-11-24) gave
 # A-MoD at 50% capacity 1.01, 0.48, 0.36 and 1.13 times the dense model's time (dense with explicit maps), at
-# 12.5% 0.54, 0.76, 0.66 and 1.09; your run prints its own. The fused dense attention was the slower dense path every time. So we do not assert a wall-clock ratio here; `benchmarks/mod.py` measures
+# 12.5% 0.54, 0.76, 0.66 and 1.09; your run prints its own. The fused dense attention was the slower dense
+# path every time. So we do not assert a wall-clock ratio here; `benchmarks/mod.py` measures
 # one MoD block at ViT-S/16 sizes, where the saving is clear (benchmarks/README.md: 0.41-0.45 of the full
 # block's time at 50%, 0.09 at 12.5%, on a CPU).
 #

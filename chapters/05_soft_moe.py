@@ -333,7 +333,7 @@ soft_model = train_side_by_side({run_name: soft_config}, digits, run_config, wor
                                 progress=False)[run_name].model
 soft_test = evaluate(soft_model, digits)
 print(f"Soft MoE trained here: test accuracy {soft_test['accuracy']:.3f}")
-assert soft_test["accuracy"] >= 0.2, soft_test
+assert soft_test["accuracy"] >= 0.4, soft_test  # 0.52-0.77 in four runs (seeds 0-2, AVX2): it varies
 
 # %% [markdown]
 # ## 4. As the number of experts grows (Fig. 6)
@@ -447,10 +447,11 @@ show_slot_weights(examples["image"][:4], weights, soft_config.patch_size, shown_
 print("largest patch share per slot (mean over images), %:", (100 * np.sort(spread)[::-1]).round(1))
 
 # %% [markdown]
-# **What the pictures show: after this short training the slots are only mildly selective.** Their favourite
-# patch gets at most about 1.6 times the uniform 6.25% (9.9% when we wrote this; the paper's Fig. 10 shows
-# slots concentrated on a few patches of a trained S/16), because the learned scale has barely moved from 1. Still, the slots follow the
-# content: a slot's favourite patch changes from image to image.
+# **What the pictures show: after this short training the slots are only mildly selective.** The most selective
+# slot's favourite patch gets 8-11% of its weight in our runs (seeds 0-2 and AVX2), at most 1.8 times the uniform
+# 6.25% (the paper's Fig. 10 shows slots concentrated on a few patches of a trained S/16), because the learned
+# scale has moved little from 1 (1.10-1.22). Still, the slots follow the content: a slot's favourite patch changes
+# from image to image.
 
 # %%
 top_patch = weights[..., shown_slots].argmax(axis=1)  # (images, slots)

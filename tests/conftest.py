@@ -1,9 +1,10 @@
 """Shared fixtures, and the two options that split the suite between the stages of .ci/run.
 
-``--record-unrun PATH`` (stage 1, README command 1's install: no PyTorch, no nbgrader) writes the node id of every
-test that skipped or was deselected to PATH; ``--only-listed PATH`` (stage 2, after PyTorch and the instructor
+``--record-unrun=PATH`` (stage 1, README command 1's install: no PyTorch, no nbgrader) writes the node id of every
+test that skipped or was deselected to PATH; ``--only-listed=PATH`` (stage 2, after PyTorch and the instructor
 extra are added) runs only those. Together they run the whole suite once; a user's ``python -m pytest`` (README
-command 2) runs all of it.
+command 2) runs all of it. Give the path with "=": pytest reads its command line before this file adds the
+options, and a path standing on its own would be taken for a folder of tests (and the tests' root with it).
 """
 
 from pathlib import Path

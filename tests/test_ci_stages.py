@@ -31,11 +31,11 @@ def test_stage_two_runs_exactly_what_stage_one_skipped_or_deselected(pytester):
                         test_needs_missing='import pytest\npytest.importorskip("no_such_module_here")\n'
                                            'def test_a():\n    pass\n')
     unrun = pytester.path / "unrun.txt"
-    first = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not slow", "--record-unrun", str(unrun))
+    first = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not slow", f"--record-unrun={unrun}")
     first.assert_outcomes(passed=1, skipped=2, deselected=1, xfailed=1)
     assert sorted(unrun.read_text().splitlines()) == ["test_mixed.py::test_skips", "test_mixed.py::test_slow",
                                                       "test_needs_missing.py"]
-    second = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--only-listed", str(unrun), "-v")
+    second = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--only-listed={unrun}", "-v")
     second.assert_outcomes(passed=1, skipped=2, deselected=2)  # test_slow runs; the skips skip again
     second.stdout.fnmatch_lines(["*test_slow PASSED*"])
     assert "test_runs PASSED" not in second.stdout.str()
@@ -46,7 +46,7 @@ def test_an_empty_list_runs_nothing_and_passes(pytester):
     pytester.makepyfile(test_one="def test_a():\n    pass\n")
     empty = pytester.path / "empty.txt"
     empty.write_text("")
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--only-listed", str(empty))
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--only-listed={empty}")
     assert result.ret == 0
     result.assert_outcomes(deselected=1)
 
@@ -54,6 +54,6 @@ def test_an_empty_list_runs_nothing_and_passes(pytester):
 def test_a_missing_list_is_refused(pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_one="def test_a():\n    pass\n")
-    result = pytester.runpytest_subprocess("--only-listed", str(pytester.path / "nowhere.txt"))
+    result = pytester.runpytest_subprocess(f"--only-listed={pytester.path / 'nowhere.txt'}")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*--only-listed=*nowhere.txt*no such file*"])

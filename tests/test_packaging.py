@@ -62,8 +62,8 @@ def test_readme_test_command_is_what_ci_runs():
     command = _readme_test_command()
     first, second = _pytest_lines()
     assert first.startswith(command + " ") and second.startswith(command + " "), (command, first, second)
-    recorded = re.fullmatch(re.escape(command) + r' --record-unrun (\S+)', first)
-    replayed = re.fullmatch(re.escape(command) + r' --only-listed (\S+)', second)
+    recorded = re.fullmatch(re.escape(command) + r' --record-unrun=(\S+)', first)
+    replayed = re.fullmatch(re.escape(command) + r' --only-listed=(\S+)', second)
     assert recorded and replayed and recorded.group(1) == replayed.group(1), (first, second)
 
 

@@ -414,8 +414,9 @@ ax.legend(fontsize=8);
 # TPUs and Tokens Choice up to 3.9x. We ran this sweep 8 times on an idle 2-core machine (2026-11-24): Soft
 # MoE grew 0.93x to 1.37x from E = 8 to 256, Tokens Choice 3.2x to 4.1x, and Tokens Choice's growth was 2.5
 # to 3.8 times Soft MoE's. A CI run measured 1.38x against 3.88x. Earlier runs, when the chapter was written,
-# gave 0.92x and 1.08x against 2.6x and 3.2x. So the ratio between the two routers holds in every run; the
-# flatness of Soft MoE alone varies with the machine by a third. The assertion below checks what held every
+# gave 0.92x and 1.08x against 2.6x and 3.2x; four runs on a loaded machine (2026-11-28, seeds 0-2 and AVX2,
+# `benchmarks/chapter_robustness.py`) 1.10x to 1.47x against 3.4x to 4.6x. So the ratio between the two routers
+# holds in every run; the flatness of Soft MoE alone varies with the machine by a third. The assertion below checks what held every
 # time, with a margin: Soft MoE within 1.6x, Tokens Choice at least 2x, and at least twice Soft MoE's growth.
 # In absolute terms Soft MoE is the slower layer here: its three routing products cost more than these tiny
 # experts. Two caveats of our setting: the expert hidden size is tiny, which makes the d x E router a large

@@ -401,6 +401,7 @@ assert low_c_flops / recipe_runs["dense", 0]["flops"] <= 0.9, low_c_flops
 assert min(low_c["vanilla"].mean, low_c["bpr"].mean) >= dense_same_seeds, (low_c, dense_same_seeds)
 assert low_c["bpr"].mean <= low_c["vanilla"].mean + 0.01, low_c  # not reproduced: no BPR lead of a point
 
+# %% [markdown]
 # ## 7. Full scale
 #
 # The released V-MoE: vmoe's V-MoE-S/32 with 8 experts in the last two odd blocks (k = 2), trained on

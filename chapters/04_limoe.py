@@ -28,6 +28,14 @@
 #    one-tower model of equal FLOPs;
 # 6. pruning the experts text does not use (App. E.4).
 #
+# Three measurements recur from section 3 on, before the sections that compute them:
+# - **success rate** of a modality in an MoE layer: the fraction of that modality's real tokens that reached
+#   their chosen expert (the rest were dropped by a full buffer; section 3);
+# - **zero-shot accuracy**: classify a test image without a classifier, by which class's text prompts its
+#   embedding is most similar to (chance: 0.1 for ten digits; section 5);
+# - **recall@k** of retrieval: how often an image's own caption is among the k captions most similar to it
+#   (image -> text), or a caption's own image among the k most similar images (text -> image; section 5).
+#
 # The model of section 3 is checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again
 # and it loads it instead of training.
 

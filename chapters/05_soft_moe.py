@@ -13,7 +13,15 @@
 # tokens and a router that learns only through its gates. Soft MoE (Puigcerver et al., "From Sparse to Soft
 # Mixtures of Experts") removes the discrete step altogether: every expert works on a few *slots*, and every
 # slot is a weighted average of *all* the tokens of an image. Each token then reads back a weighted average of
-# all the slot outputs.
+# all the slot outputs ([arXiv:2308.00951](https://arxiv.org/abs/2308.00951)).
+#
+# Soft MoE is compared with the two sparse ways of routing, which the chapter's title names:
+# - **Tokens Choice**: each token picks its top-k experts, as in chapters 2 and 3 (V-MoE); an expert whose buffer
+#   is full drops the tokens that arrive too late.
+# - **Experts Choice** (Zhou et al. 2022, "Mixture-of-Experts with Expert Choice Routing",
+#   [arXiv:2202.09368](https://arxiv.org/abs/2202.09368)): turned around, each expert picks the tokens it scores
+#   highest, a fixed number per group, so every buffer is exactly full; a token no expert picks is dropped, and
+#   a token several experts pick is processed several times.
 #
 # What you will see, each claim measured in this notebook or in the recorded runs it reads:
 # 1. Eq. 1-3 of the paper computed by hand on a tiny example and shown equal to the library;

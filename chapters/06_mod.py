@@ -17,16 +17,18 @@
 # tokens with the attention maps the previous block has already computed, instead of a learned router. No
 # public vision MoD code exists; this chapter builds it from the two papers.
 #
-# What you will see, each claim measured in this notebook (on a recorded pretrained model, section 2):
+# What you will see, each claim measured in this notebook (numbered as the sections below):
 # 1. why skipping whole blocks saves compute, and why a learned (standard) router must multiply the block's
 #    output by its score to receive any gradient (A-MoD Eq. 1-2);
-# 2. attention routing derived from the attention maps of chapter 1 (Eq. 3-5);
-# 3. a pretrained dense ViT with 36 patch tokens, adapted to MoD at 50% and 12.5% capacity
-#    *without training* -- attention routing against a fresh standard router (the paper's Table 3);
-# 4. short fine-tuning of both routers beside an isoFLOP baseline made by dropping whole blocks (Sec. 4.1);
-# 5. which patches each router keeps, drawn on real digits (Fig. 6);
-# 6. leave-one-out token importance against both routers' scores (Sec. 4.4, App. A);
-# 7. the measured wall-clock speed of the MoD models against the dense one.
+# 2. the pretrained dense ViT with 36 patch tokens every comparison starts from (recorded with the course);
+# 3. attention routing derived from the attention maps of chapter 1 (Eq. 3-5);
+# 4. that ViT adapted to MoD at 50% and 12.5% capacity *without training* -- attention routing against a fresh
+#    standard router (the paper's Table 3);
+# 5. short fine-tuning of both routers beside an isoFLOP baseline made by dropping whole blocks (Sec. 4.1);
+# 6. which patches each router keeps, drawn on real digits (Fig. 6);
+# 7. leave-one-out token importance against both routers' scores (Sec. 4.4, App. A);
+# 8. the measured wall-clock speed of the MoD models against the dense one;
+# 9. a slider for the capacity; 10. the full-scale run (DeiT on ImageNet), switched off on a laptop.
 #
 # The pretrained dense model is recorded with the course (section 2 says how it was made and how to train it
 # yourself); the fine-tuning runs here, in short budgets. Where the paper's result does not show at this

@@ -89,8 +89,9 @@ print("JAX devices:", jax.devices(), "| seed", SEED)
 # softmax, every weight is positive, so every expert must run on every token: the layer costs `E` MLPs per
 # token. Keep that in mind; the whole point of what follows is to make `g` sparse.
 #
-# Our tokens are real: four cluttered test digits, cut into 4x4 = 16 patches each and embedded by a fresh
-# `digits-tiny` ViT of chapter 1 (patch embedding plus position embedding), 64 tokens of width 64.
+# Our tokens are real: four cluttered test digits, each cut into a 4x4 grid of 8x8-pixel patches (16 per
+# image) and embedded by a fresh `digits-tiny` ViT of chapter 1 (patch embedding plus position embedding): 64
+# tokens of width 64.
 
 # %%
 digits = ClutteredDigits()

@@ -236,7 +236,7 @@ assert float(joint.terms["importance"]) < 0.01 * (experts - 1) < 30 < float(per_
 # paper names: the imbalance between the modalities, the number of experts, the aux weight and a router that
 # has trained long enough to become confident. Runs that meet them take about 17 minutes each on one CPU core,
 # too long for this notebook, so they were run with `benchmarks/limoe_sweep.py` and recorded in the package
-# (`moe_course/results/limoe.jsonl`); the cells below read them. Each run is one command: 4x4 patches (64
+# (`moe_course/results/limoe.jsonl`); the cells below read them. Each run is one command: 4x4-pixel patches (64
 # image tokens per caption of about 10 real text tokens, 6.5:1), the paper's aux weight 0.04, 8 experts
 # (k = 1, C = 1, BPR, MoE in blocks 1 and 3), 3,000 steps of 128 pairs, peak learning rate 1e-3:
 #

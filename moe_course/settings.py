@@ -25,7 +25,7 @@ def chapter_seed(environ: Mapping[str, str] = os.environ) -> int:
     value = environ.get(SEED_VARIABLE, "").strip()
     if not value:
         return 0
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # "²" is a Unicode digit, not a seed
         raise ValueError(f"{SEED_VARIABLE}={value!r} is not allowed; use a non-negative integer such as 0, 1 or 2")
     return int(value)
 

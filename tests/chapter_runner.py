@@ -18,9 +18,10 @@ import jupytext
 
 TESTS = Path(__file__).resolve().parent
 CHAPTERS = sorted((TESTS.parent / "chapters").glob("[0-9][0-9]_*.py"))
-# Settings of the caller's environment that would change what a chapter runs: the full-scale cells, and a
-# matplotlib backend that would replace the inline one a learner's Jupyter uses.
-CLEARED = ("MOE_COURSE_FULL_SCALE", "MPLBACKEND")
+# Settings of the caller's environment that would change what a chapter runs: the full-scale cells, the seed and
+# retraining of recorded models (a run's ``env`` sets them on purpose), and a matplotlib backend that would replace
+# the inline one a learner's Jupyter uses.
+CLEARED = ("MOE_COURSE_FULL_SCALE", "MOE_COURSE_SEED", "MOE_COURSE_RETRAIN", "MPLBACKEND")
 
 
 @dataclasses.dataclass

@@ -10,7 +10,7 @@ def test_chapter_seed(value, seed):
     assert chapter_seed({} if value is None else {"MOE_COURSE_SEED": value}) == seed
 
 
-@pytest.mark.parametrize("value", ["-1", "one", "1.5", "0x2"])
+@pytest.mark.parametrize("value", ["-1", "one", "1.5", "0x2", "\u00b2"])
 def test_chapter_seed_refuses_what_is_not_a_non_negative_integer(value):
     with pytest.raises(ValueError, match=rf"MOE_COURSE_SEED='{value}' is not allowed; use a non-negative integer"):
         chapter_seed({"MOE_COURSE_SEED": value})

@@ -35,7 +35,7 @@ from moe_course.configs import VIT_PRESETS, get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.layers import MultiHeadAttention
 from moe_course.models import ViT, patchify, vit_param_count
-from moe_course.settings import chapter_seed
+from moe_course.settings import chapter_seed, runs_dir
 from moe_course.train import TrainConfig, evaluate, train
 from moe_course.viz import plot_history, show_images, show_patch_values
 
@@ -60,9 +60,13 @@ sample = digits.get("test", np.arange(0, 1050, 66))
 show_images(sample["image"], sample["label"], boxes=sample["box"]);
 
 # %% [markdown]
-# Most *pixels* of a canvas are background: the digit's box covers about a third of the image. Patches are
-# coarser than pixels, though, and a patch that touches the box at all holds part of the digit, so the share
-# of patches on the digit is larger -- the coarser the patches, the larger. Over the whole test split:
+# Most *pixels* of a canvas are background: the digit's box covers about a third of the image. A ViT does not
+# see pixels, though, but patches: square tiles of `p x p` pixels (section 2).
+
+# %% [markdown]
+# **Predict, then run.** Call a patch "on the digit" when it overlaps the digit's box at all. Is the share of
+# 8x8-pixel patches on the digit larger or smaller than the share of *pixels* in the box? And of 4x4-pixel
+# patches -- larger or smaller than of 8x8? The cell measures all three over the whole test split.
 
 # %%
 test_boxes = digits.get("test", np.arange(digits.split_size("test")))["box"]
@@ -73,8 +77,21 @@ for p in (4, 8):
 assert box_area < 0.5 and patches_on_box(test_boxes, 32, 4).mean() < patches_on_box(test_boxes, 32, 8).mean()
 
 # %% [markdown]
-# **Claim: this is not a trivial problem.** A logistic regression on the raw pixels -- a linear classifier,
-# which cannot cope with a digit that moves around -- stays far below a useful accuracy.
+# <details><summary>What the output shows</summary>
+#
+# Both patch shares are larger than the pixel share, and the coarser patches have the larger one: a patch
+# that touches the box at all counts as on the digit, however little of it the box covers, so every patch
+# along the box's border is counted in full -- and an 8x8 patch's border strip is wider than a 4x4 patch's.
+# Keep it in mind when a later chapter reports "the share of kept patches on the digit": it is compared with
+# this share, not with the pixel share.
+#
+# </details>
+
+# %% [markdown]
+# **Predict, then run.** Is this a trivial problem? A logistic regression on the raw pixels -- a linear
+# classifier with one weight per pixel and class -- is trained on the training canvases below. Ten classes
+# give 10% by chance; the same classifier on scikit-learn's *uncluttered*, centred 8x8 digits scores about
+# 95%. What test accuracy do you expect here?
 
 # %%
 from sklearn.linear_model import LogisticRegression
@@ -85,6 +102,17 @@ linear = LogisticRegression(max_iter=200).fit(x_train.reshape(len(x_train), -1),
 linear_accuracy = linear.score(x_test.reshape(len(x_test), -1), y_test)
 print(f"logistic regression on raw pixels: test accuracy {linear_accuracy:.3f}")
 assert linear_accuracy <= 0.6
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Far above chance and far below the centred digits. A linear classifier scores every pixel with a fixed
+# weight per class: it works when a class's ink always falls on the same pixels. Here the digit moves and
+# changes size from canvas to canvas, and strokes of clutter land anywhere, so no fixed pixel template fits.
+# A model that looks at *parts* of the image and compares them with each other -- attention over patches --
+# does not depend on where the digit is.
+#
+# </details>
 
 # %% [markdown]
 # ## 2. Patches become tokens
@@ -151,7 +179,24 @@ def attention_by_hand(x, heads=2):
 mine, my_maps = attention_by_hand(x)
 theirs, their_maps = attention(jnp.asarray(x), return_attention=True)
 print("attention maps:", their_maps.shape, "(batch, heads, query tokens, key tokens)")
+print(f"largest difference from the library: outputs {np.abs(mine - theirs).max():.1e}, "
+      f"maps {np.abs(my_maps - their_maps).max():.1e}")
 assert np.allclose(mine, theirs, atol=1e-5) and np.allclose(my_maps, their_maps, atol=1e-6)
+
+# %% [markdown]
+# **Change one thing.** In `attention_by_hand`, delete the `/ np.sqrt(d)` and run the cell again. Before you
+# do: will the maps become sharper (closer to one-hot) or flatter, and will the assertion still hold? Then
+# try it with `width=64` in the `MultiHeadAttention(...)` line (and `(1, 5, 64)` for `x`): does leaving out the
+# scale matter more or less when the heads are wider? Put both back before you go on.
+#
+# <details><summary>Answer</summary>
+#
+# Without the scale the scores are `sqrt(d)` times larger, so the softmax is sharper and the maps differ from
+# the library's (which scales): the assertion fails, and the printed difference says by how much. The dot
+# product of two random `d`-dimensional vectors grows like `sqrt(d)`, so the wider the head, the more the
+# unscaled softmax saturates -- which is why the Transformer divides by `sqrt(d)` in the first place.
+#
+# </details>
 
 # %% [markdown]
 # The layer can hand back its attention maps (`return_attention=True`). Chapter 6 routes tokens with them:
@@ -223,6 +268,19 @@ print(f"trained {CHAPTER_STEPS} steps in {time.perf_counter() - started:.0f} s; 
 plot_history(result.history);
 
 # %% [markdown]
+# **Explain the plot.** Why is the training loss jagged from one logged step to the next while the
+# validation accuracy moves smoothly? And why does the loss fall slowly over the first 100 steps, then fast?
+#
+# <details><summary>Answer</summary>
+#
+# Each logged training loss is measured on one batch of 128 freshly drawn canvases, so it carries the noise
+# of that batch; the validation accuracy is measured on the same fixed validation split every time. The
+# first 100 steps are the learning-rate warm-up (`warmup_steps=100`): the step size grows from zero to its
+# peak, so the model moves slowly at first.
+#
+# </details>
+
+# %% [markdown]
 # **Claim: a small ViT learns what the linear model cannot.** The assertion below is a floor under the
 # accuracy this short run reaches. What it reaches varies with the seed and the machine: four runs of this
 # notebook (seeds 0, 1, 2 with `MOE_COURSE_SEED`, and seed 0 with XLA limited to AVX2 instructions;
@@ -252,12 +310,20 @@ show_patch_values(examples["image"], received, config.patch_size, titles=titles,
                   label="attention received in the last block\n(mean over heads and query tokens)");
 
 # %% [markdown]
-# What to look for: does the last block's attention go mostly to one or two patches per image, and does the
+# **Explain the plot.** Does the last block's attention go mostly to one or two patches per image, and does the
 # brightest patch lie on the digit -- on the whole digit, or on one distinctive part of it (the top of a two,
-# the loops of an eight)? How much do the clutter strokes receive? Six images prove nothing, and which six look
-# clean changes with the seed, so we measure over the whole test split: the share of attention that goes to patches
-# overlapping the digit's box, against the share of patches those are (58%: an 8x8 patch that touches the box
-# counts), and how often the single most-attended patch lies on the digit.
+# the loops of an eight)? How much do the clutter strokes receive?
+#
+# <details><summary>What to take from it</summary>
+#
+# Six images prove nothing, and which six look clean changes with the seed, so the next cell measures over the
+# whole test split: the share of attention that goes to patches overlapping the digit's box, against the
+# share of patches those are (58%: an 8x8 patch that touches the box counts), and how often the single
+# most-attended patch lies on the digit. A class token or an average over all tokens needs to know what the
+# digit is, and the digit's patches are where that is written -- so attention that has learnt anything
+# concentrates there.
+#
+# </details>
 
 # %%
 test_batch = digits.get("test", np.arange(digits.split_size("test")))
@@ -298,8 +364,41 @@ if FULL_SCALE:
     report_devices(big)  # prints the devices and warns if JAX sees only a CPU
     big_run = TrainConfig(steps=10_000, batch_size=512, learning_rate=8e-4, warmup_steps=500, weight_decay=0.1,
                           checkpoint_every=1000, eval_every=1000, log_every=100)
-    workdir = os.path.join(os.environ.get("MOE_COURSE_WORKDIR", "runs"), "chapter01-vit-b16-cifar10")
+    workdir = runs_dir() / "chapter01-vit-b16-cifar10"
     big_result = train(big, cifar, big_run, workdir=workdir)
     print(evaluate(big_result.model, cifar, "test"))
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")
+
+# %% [markdown]
+# ## Summary
+#
+# - You can turn an image into tokens -- patches, a linear map, a position embedding -- and check that the
+#   strided convolution the library uses is that linear map.
+# - You can write multi-head self-attention with NumPy and say what the `1/sqrt(d)` scale is for.
+# - You can count a ViT's parameters by hand, block by block, and say where most of them sit: the MLPs, the
+#   part a Mixture-of-Experts replaces.
+# - You can train a small ViT with the course's loop, read its curves, and measure where its attention goes.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/01_vit.ipynb](../exercises/01_vit.ipynb) EXERCISES_01
+#
+# Check your answers with `moe-course check exercises/01_vit.ipynb` from the repository's root (no
+# instructor tools needed); copy the notebook into `mywork/` first if you want to keep your work out of git.
+
+# %% [markdown]
+# ## References
+#
+# - Dosovitskiy et al. 2021, *An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale*
+#   (ViT), [arXiv:2010.11929](https://arxiv.org/abs/2010.11929): Sec. 3.1 (patches, position embedding, class
+#   token, Eq. 1-4), Table 1 (the model sizes).
+# - Vaswani et al. 2017, *Attention Is All You Need*, [arXiv:1706.03762](https://arxiv.org/abs/1706.03762):
+#   Sec. 3.2 (scaled dot-product and multi-head attention).
+# - Riquelme et al. 2021 (V-MoE), [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Table 7 (the
+#   parameter counts of section 4).
+# - Gadhikar et al. 2024 (A-MoD), [arXiv:2412.20875](https://arxiv.org/abs/2412.20875): Eq. 3-5 (the
+#   attention a token receives, as a routing score; chapter 6).
+# - Reference code: [google-research/big_vision](https://github.com/google-research/big_vision)
+#   (`big_vision/models/vit.py`).

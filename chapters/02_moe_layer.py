@@ -71,7 +71,7 @@ from moe_course.routing import (
     vanilla_allocation,
 )
 from moe_course.settings import chapter_seed
-from moe_course.viz import show_dropped_patches
+from moe_course.viz import show_buffers, show_dispatch_combine, show_dropped_patches
 
 started = time.perf_counter()
 SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: the random weights and noise draws below follow it
@@ -185,9 +185,13 @@ assert np.array_equal(add_router_noise(logits, None), logits)  # evaluation: no 
 
 # %% [markdown]
 # How much does that noise change the routing? V-MoE reports that it altered about 15% of the decisions in
-# early layers of its trained models and 2-3% in deep ones. Our router is untrained: its logits are small,
-# so its probabilities are close to uniform and noise of the same size flips many TOP-1 choices. Measured
-# over 200 draws on our 64 tokens:
+# early layers of its trained models and 2-3% in deep ones.
+
+# %% [markdown]
+# **Predict, then run.** Our router is untrained and `E = 4`, so the noise has standard deviation 0.25. Over
+# 200 noise draws on our 64 tokens, will the noise change *more* or *fewer* TOP-1 choices than the 15% of
+# V-MoE's early layers? Write your guess down, then run the cell; it also prints how far apart a token's
+# logits are, on average, across the experts.
 
 # %%
 clean_top1 = np.asarray(top_k_routing(logits, 1).expert_index[..., 0])
@@ -198,6 +202,17 @@ spread = np.asarray(logits).std(-1).mean()
 print(f"TOP-1 choice changed by the noise: {flipped:.0%} of decisions "
       f"(logit spread across experts {spread:.3f} vs noise std {1 / E:.3f})")
 assert flipped > 0.15  # more than the paper's early layers: an untrained router is easily swayed
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# More. A fresh router's weights are small, so the logits of a token differ across experts by about as much
+# as the noise itself (compare the two numbers printed): the softmax is close to uniform and a noise draw
+# easily reorders the experts. A trained router has learnt logits far apart for most tokens, and the same
+# noise then flips only the few tokens that sit near a boundary between two experts -- which is why V-MoE's
+# deep, well-trained layers see 2-3%.
+#
+# </details>
 
 # %% [markdown]
 # **TOP_k after the softmax.** The gates are the selected softmax probabilities themselves: they are *not*
@@ -393,10 +408,13 @@ assert groups_with_ties > 0
 
 # %% [markdown]
 # **Which tokens are dropped.** Back to our four real images, with `k = 1` and `C = 0.5`: each expert has 8
-# slots for 64 tokens, so at least half of the tokens must be dropped. Vanilla routing serves tokens
-# first come, first served -- the group is laid out image after image, so the *last* images lose most.
-# BPR serves the tokens with the most confident router first, wherever they are. Dropped patches are tinted red
-# below (as in V-MoE Fig. 5; the green box marks the digit):
+# slots for 64 tokens, so at least half of the tokens must be dropped. The group is laid out image after
+# image: tokens 0-15 are image 0, tokens 16-31 image 1, and so on. Dropped patches are tinted red below (as in
+# V-MoE Fig. 5; the green box marks the digit).
+
+# %% [markdown]
+# **Predict, then run.** Under vanilla routing, which of the four images will lose the most patches? And
+# under BPR -- the same image, or no image in particular?
 
 # %%
 route = top_k_routing(logits, 1)
@@ -407,6 +425,23 @@ served_vanilla = np.asarray(vanilla.served[0, :, 0]).reshape(4, -1)  # (images, 
 served_bpr = np.asarray(bpr.served[0, :, 0]).reshape(4, -1)
 show_dropped_patches(batch["image"], {"vanilla": served_vanilla, "BPR": served_bpr}, vit_config.patch_size,
                      titles=[f"image {i} of the group" for i in range(4)], boxes=batch["box"], show_counts=True);
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Vanilla routing serves choices first come, first served, in the order of the group: image 0's tokens are
+# visited first and find free slots, and by the time image 3's tokens arrive most buffers are full -- so the
+# *last* images lose most. BPR visits the tokens by their priority score, the router's largest gate, over the
+# whole group, so where a token sits in the group no longer matters; its drops follow the router's
+# confidence, spread over all four images.
+#
+# </details>
+
+# %% [markdown]
+# **Change one thing.** In the cell above, change the capacity ratio in `b_half = expert_capacity(1, TOKENS,
+# 0.5, E)` from `0.5` to `0.25` (four slots per expert) and re-run it and the two cells after it. Before you
+# do: which rows of the picture change the most, and does the image order of vanilla's losses get stronger or
+# weaker? Put `0.5` back afterwards.
 
 # %% [markdown]
 # What the picture shows, checked: (a) both serve the same *number* of tokens -- each expert is filled to
@@ -441,6 +476,40 @@ print(f"rank correlation of token length and BPR priority score: {norm_vs_score:
 assert norm_vs_score > 0.5
 
 # %% [markdown]
+# **Inside the buffers.** The picture above shows the images; the allocation itself is a table: each expert
+# has `B_e` slots, filled one after another. Below, the buffers of the same two allocations: every slot
+# holds a token id (0-63), coloured by the image it comes from; at the end of a row, in red, the choices that
+# expert turned away. (`buffer_token_index` reads the table off an allocation; section 5 uses it to move the
+# tokens.)
+
+# %%
+def dropped_per_expert(allocation):
+    """(experts,) the choices each expert turned away in group 0: chosen minus served."""
+    chosen = np.asarray(allocation.expert_index[0]).ravel()
+    served_choice = np.asarray(allocation.served[0]).ravel()
+    return np.bincount(chosen[~served_choice], minlength=E)
+
+
+slot_tokens = {name: np.asarray(buffer_token_index(a)[0]) for name, a in (("vanilla", vanilla), ("BPR", bpr))}
+show_buffers(slot_tokens, TOKENS, dropped={"vanilla": dropped_per_expert(vanilla), "BPR": dropped_per_expert(bpr)},
+             token_group=np.arange(TOKENS) // 16);
+assert all((s < TOKENS).sum() == served_vanilla.sum() for s in slot_tokens.values())
+
+# %% [markdown]
+# **Explain the plot.** Three things to explain from the two panels: why every expert has the same number of
+# filled slots in both; why vanilla's token ids increase along every row while BPR's jump around; and why an
+# expert with empty slots never shows a red count.
+#
+# <details><summary>Answer</summary>
+#
+# An expert fills `min(demand, B_e)` slots whatever the order, so only *which* tokens get them differs. Vanilla
+# visits the tokens in group order, so a buffer fills in increasing token id and the colours run from image 0
+# onwards until the slots run out; BPR visits them by decreasing priority, so ids and images mix. A choice is
+# dropped only when its expert is full: an expert with a free slot has turned nobody away.
+#
+# </details>
+
+# %% [markdown]
 # ## 5. Dispatch and combine, two ways
 #
 # An allocation says, for every choice, which slot of which expert's buffer it occupies. Two steps remain:
@@ -473,6 +542,23 @@ print(f"dispatch tensor {one_hot.shape} (groups, tokens, experts, capacity), "
       f"{int(one_hot.sum())} ones for {int(np.asarray(allocation.served).sum())} served choices")
 assert np.allclose(buffers, einsum_dispatch(x, allocation), atol=1e-6)
 assert np.allclose(y_einsum, einsum_combine(outputs, allocation), atol=1e-6)
+show_dispatch_combine(one_hot[0], weighted[0]);
+
+# %% [markdown]
+# **Explain the plot.** Each row is a token, each column a slot of one expert's buffer (orange lines separate
+# the experts). How many marks can a row have at most, and what does a row with none mean? Why does every
+# column hold at most one mark? And why is a mark in the combine tensor never brighter than the largest gate
+# the router gives any token?
+#
+# <details><summary>Answer</summary>
+#
+# A row has at most `k = 2` marks, one per served choice, in two different experts' blocks; an empty row is a
+# token whose choices were all dropped -- it passes through the layer on the residual connection only. A slot
+# holds one token, so a column has at most one mark; empty columns are unused slots. The combine tensor is
+# the dispatch tensor with each 1 replaced by the gate of that choice, a softmax probability below 1 -- the
+# einsums of the next cells multiply by exactly these numbers.
+#
+# </details>
 
 # %% [markdown]
 # **The index way** (the library's default): record, for every buffer slot, which token fills it
@@ -660,8 +746,11 @@ assert np.array_equal(np.asarray(record.expert_fill).sum(1), served.sum((1, 2)))
 # The routing settings are plain attributes of the layer, so they can be changed on a trained model
 # without touching its weights (V-MoE Sec. 3.1 and App. E.4; `moe_course.models.with_routing` does it for a
 # whole model). Lowering the capacity ratio on the *same* layer and the same tokens shrinks the buffers,
-# and more choices are dropped. Vanilla and BPR drop exactly as many -- the order decides *which*, not
-# *how many* -- but BPR keeps the choices with the larger gates:
+# and more choices are dropped.
+
+# %% [markdown]
+# **Predict, then run.** At `C = 0.1`, with `k = 2`, do vanilla routing and BPR drop the same number of
+# choices? Which of the two serves more gate mass (the sum of the gates of the served choices)?
 
 # %%
 ratios = (2.0, 1.05, 0.75, 0.5, 0.25, 0.1)
@@ -687,8 +776,15 @@ assert all(dropped["vanilla", c] == dropped["bpr", c] for c in ratios)
 assert served_mass["bpr", 0.1] > served_mass["vanilla", 0.1]
 
 # %% [markdown]
-# At `C = 0.1` each expert takes only a handful of the 128 choices of its group; which ones it takes is
-# where vanilla routing and BPR part ways -- and, with a trained router, where they part in accuracy.
+# <details><summary>What the output shows</summary>
+#
+# The same number, at every `C`: an expert serves `min(demand, B_e)` choices whatever order it visits them
+# in, and the demand (which experts the tokens chose) does not depend on the allocation. The order decides
+# *which* choices are served: BPR visits the most confident tokens first, so at `C = 0.1`, where each expert
+# takes only a handful of the 128 choices of its group, it keeps the larger gates and serves more gate mass.
+# With a trained router, this is where the two part ways in accuracy (chapter 3).
+#
+# </details>
 #
 # ## The same layer in PyTorch
 #
@@ -753,6 +849,42 @@ if torch is not None:
 # drops at low capacity (drawn on the images), how accuracy falls with `C` under vanilla routing versus BPR
 # (V-MoE Fig. 7), how experts specialise on classes in deep versus early layers, and what changing `k` at
 # inference does.
+
+# %% [markdown]
+# ## Summary
+#
+# - A sparse MoE layer keeps `E` expert MLPs and runs only the `k` with the largest gates per token; V-MoE's
+#   gate is `TOP_k(softmax(W x + eps))`, and taking the top `k` *after* the softmax is what gives the router
+#   a gradient at `k = 1`.
+# - You can size an expert's buffer, `B_e = round(k N P C / E)`, and say why a router that is not balanced
+#   drops choices even at `C = 1`.
+# - You can run the three allocation algorithms of V-MoE App. C by hand, and tell vanilla routing from BPR
+#   by their buffers: the same number of choices served, different ones.
+# - You can move tokens into buffers and back in two ways -- one-hot dispatch/combine tensors with einsums,
+#   or indices with gathers -- and explain why the first costs memory quadratic in the group size.
+# - You can tell the importance loss from the load loss, and build a router that one sees and the other
+#   does not.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/02_moe_layer.ipynb](../exercises/02_moe_layer.ipynb) EXERCISES_02
+#
+# Check your answers with `moe-course check exercises/02_moe_layer.ipynb` from the repository's root (no
+# instructor tools needed); copy the notebook into `mywork/` first if you want to keep your work out of git.
+
+# %% [markdown]
+# ## References
+#
+# - Riquelme et al. 2021, *Scaling Vision with Sparse Mixture of Experts* (V-MoE),
+#   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2.3 (the router and its noise), Sec. 2.4
+#   (expert capacity), App. A.1 (top-k after the softmax, Table 2), App. A.2 (importance and load losses,
+#   Table 3), App. C (Algorithms 1-3), Fig. 5 (dropped patches). Reference code:
+#   [google-research/vmoe](https://github.com/google-research/vmoe) (`vmoe/nn/routing.py`).
+# - Shazeer et al. 2017, *Outrageously Large Neural Networks: The Sparsely-Gated Mixture-of-Experts Layer*,
+#   [arXiv:1701.06538](https://arxiv.org/abs/1701.06538): the noisy top-k gate with the softmax after the top k.
+# - Lepikhin et al. 2020, *GShard*, [arXiv:2006.16668](https://arxiv.org/abs/2006.16668): the one-hot
+#   dispatch and combine tensors of section 5.
 
 # %%
 print(f"chapter 2 ran in {time.perf_counter() - started:.0f} s")

@@ -8,6 +8,9 @@ from typing import Mapping
 
 SEED_VARIABLE = "MOE_COURSE_SEED"
 RETRAIN_VARIABLE = "MOE_COURSE_RETRAIN"
+WORKDIR_VARIABLE = "MOE_COURSE_WORKDIR"
+# Folders of the repository a notebook's kernel starts in (Jupyter starts a kernel in its notebook's folder).
+NOTEBOOK_FOLDERS = ("chapters", "exercises", "mywork")
 # Chapter 6's pretrained dense backbone (preset digits-24-p4), written by benchmarks/mod_backbone.py.
 RECORDED_BACKBONE = Path(__file__).resolve().parent / "results" / "chapter06_backbone.npz"
 
@@ -41,3 +44,20 @@ def retrain_recorded(environ: Mapping[str, str] = os.environ) -> bool:
         raise ValueError(f"{RETRAIN_VARIABLE}={value!r} is not allowed; use 1 (train again) or 0 (load the recorded "
                          "model, the default)")
     return value == "1"
+
+
+def runs_dir(environ: Mapping[str, str] = os.environ, cwd: Path | None = None) -> Path:
+    """The folder a chapter writes its runs (checkpoints) into: ``MOE_COURSE_WORKDIR`` when set, else ``runs/``.
+
+    ``runs/`` is where ``moe-course train`` writes from the repository's root (``runs/<preset>``): a notebook
+    whose kernel starts in ``chapters/``, ``exercises/`` or ``mywork/`` of the repository writes to the root's
+    ``runs/`` too, not to a ``runs/`` beside the notebooks. Elsewhere it is ``runs/`` in the current folder.
+    Returns a Path; nothing is created.
+    """
+    given = environ.get(WORKDIR_VARIABLE, "").strip()
+    if given:
+        return Path(given)
+    here = Path.cwd() if cwd is None else cwd
+    if here.name in NOTEBOOK_FOLDERS and (here.parent / "chapters").is_dir() and (here.parent / "moe_course").is_dir():
+        return here.parent / "runs"
+    return here / "runs"

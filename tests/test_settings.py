@@ -2,7 +2,7 @@
 
 import pytest
 
-from moe_course.settings import chapter_seed, retrain_recorded
+from moe_course.settings import chapter_seed, retrain_recorded, runs_dir
 
 
 @pytest.mark.parametrize("value, seed", [(None, 0), ("", 0), ("0", 0), ("2", 2), (" 17 ", 17)])
@@ -24,3 +24,13 @@ def test_retrain_recorded(value, retrain):
 def test_retrain_recorded_refuses_other_values():
     with pytest.raises(ValueError, match=r"MOE_COURSE_RETRAIN='yes' is not allowed; use 1 \(train again\) or 0"):
         retrain_recorded({"MOE_COURSE_RETRAIN": "yes"})
+
+
+def test_runs_dir_is_the_repository_root_runs_from_a_notebook_folder(tmp_path):
+    for folder in ("chapters", "moe_course", "exercises", "mywork"):
+        (tmp_path / folder).mkdir()
+    assert runs_dir({}, tmp_path / "chapters") == tmp_path / "runs"  # where `moe-course train` writes from the root
+    assert runs_dir({}, tmp_path / "mywork") == tmp_path / "runs"
+    assert runs_dir({}, tmp_path) == tmp_path / "runs"
+    assert runs_dir({}, tmp_path / "moe_course") == tmp_path / "moe_course" / "runs"  # not a notebook folder
+    assert runs_dir({"MOE_COURSE_WORKDIR": str(tmp_path / "mine")}, tmp_path / "chapters") == tmp_path / "mine"

@@ -6,6 +6,7 @@ import collections
 import dataclasses
 import gc
 import math
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -317,7 +318,8 @@ def train(
 
     checked = checks_enabled(model_config)
     objective = objective_for(model_config)
-    train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings)
+    train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings,
+                                 mixup_p=config.mixup_p, num_classes=model_config.num_classes)
     eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
     if mesh is not None and eval_step is not None:
         compiled_eval = eval_step
@@ -377,8 +379,10 @@ def train(
                     warned = True
                     warnings.warn(
                         f"input-bound: the training step waited for data {record['data_wait_fraction']:.0%} of the "
-                        f"time up to step {step}; build batches in more processes (--data-workers, or train(..., "
-                        f"data_workers=); now {data_workers})", InputBoundWarning, stacklevel=2)
+                        f"time up to step {step}. Batches are built in {data_workers or 'no'} worker processes; "
+                        f"where this machine has cores to spare ({os.cpu_count()} in all), build them in more: "
+                        f"train(..., data_workers=N) in Python or a notebook, --data-workers N with `moe-course "
+                        f"train`. The run's results do not change with N.", InputBoundWarning, stacklevel=2)
                 if due(config.eval_every, step) and dataset.split_size("val"):
                     record.update(_validate(nnx.merge(graphdef, params, rest), dataset, config, eval_step))
                 history.append(record)

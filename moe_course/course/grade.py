@@ -27,6 +27,7 @@ import unicodedata
 from pathlib import Path
 
 from moe_course.course import budget
+from moe_course.course import feedback as feedback_pages
 from moe_course.course import sandbox as bubblewrap
 from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
 from moe_course.course.flags import scan_notebook
@@ -187,31 +188,21 @@ def hide_hidden_tracebacks(notebook, resources):
     return notebook, resources
 
 
-def feedback(course_dir: Path, assignment: str, students=None) -> dict[str, Path]:
-    """HTML feedback per graded student, without the hidden tests (their text is cleared from the cells,
-    their tracebacks cut to one line), sanitised by nbconvert's ``SanitizeHTML`` (bleach): what a student put
-    into markdown or HTML outputs -- scripts, iframes, event handlers, images from elsewhere -- is shown as
-    escaped text, and JavaScript outputs are dropped, so the file the instructor opens runs none of it.
-    Returns {student: html path}."""
-    from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-    from nbconvert.preprocessors.sanitize import SanitizeHTML
-    from nbgrader.apps import NbGraderAPI
-    from nbgrader.preprocessors import ClearHiddenTests, GetGrades
-
-    paths = course_paths(course_dir)
-    written = {}
+def feedback(course_dir: Path, assignment: str, students=None, *,
+             seconds: int = feedback_pages.FEEDBACK_SECONDS) -> dict[str, Path]:
+    """HTML feedback per graded student (default: every submitted one; those not graded are left out), without
+    the hidden tests (their text is cleared from the cells, their tracebacks cut to one line), made inert by
+    ``moe_course.course.feedback``: the whole page cleaned by an allow-list sanitizer (nh3) and headed by a
+    Content-Security-Policy, so the file the instructor opens runs no script and requests nothing, whatever
+    the notebook held; oversized markup is replaced by a notice, and a student whose page takes longer than
+    ``seconds`` gets a one-line "feedback skipped: ..." page instead. Returns {student: html path}.
+    Raises ValueError for ``seconds`` that is not a positive integer."""
+    graded = []
     for student in students or submitted_students(course_dir, assignment):
-        db, result = record_paths(course_dir, assignment, student)
-        if not result.exists() or json.loads(result.read_text())["status"] != "graded":
-            continue
-        config = nbgrader_config(course_dir, db=db)
-        config.GenerateFeedback.preprocessors = [GetGrades, hide_hidden_tracebacks, ClearHiddenTests, SanitizeHTML,
-                                                 CSSHTMLHeaderPreprocessor]
-        config.SanitizeHTML.enabled = True  # nbconvert's preprocessors are off until enabled; nbgrader's are on
-        outcome = NbGraderAPI(config=config).generate_feedback(assignment, student)
-        if outcome["success"]:
-            written[student] = paths["feedback"] / student / assignment / f"{assignment}.html"
-    return written
+        _, result = record_paths(course_dir, assignment, student)
+        if result.exists() and json.loads(result.read_text())["status"] == "graded":
+            graded.append(student)
+    return feedback_pages.generate(course_dir, assignment, graded, seconds)
 
 
 FORMULA_START = ("=", "+", "-", "@")  # what a spreadsheet reads as a formula (OWASP, CSV injection); tab and

@@ -1,0 +1,211 @@
+"""Feedback pages made from a hostile graded notebook run no script and request nothing when opened in a real
+browser, still show a correct student's figure, and cost a bounded time per student.
+
+The notebooks are not graded here (the grading tests do that): each is the released 06_mod notebook with
+hostile cells added, put where autograde leaves a graded notebook, with the student's submission added to
+a copy of the course gradebook -- then the real ``grade.feedback`` makes the pages (nbgrader's feedback
+template, ``moe_course.course.feedback``). Headless Chromium (Debian's package, driven by playwright as in
+tests/test_site.py) opens them from disk while a stand-in HTTP server on 127.0.0.1 counts every request.
+"""
+
+import base64
+import http.server
+import json
+import os
+import shutil
+import struct
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+pytest.importorskip("nh3", reason="nh3 is not installed: pip install -e '.[instructor]'")
+
+from moe_course.course import build, feedback as feedback_pages, grade  # noqa: E402
+from moe_course.course.config import course_paths  # noqa: E402
+from moe_course.course.worker import record_paths  # noqa: E402
+
+NAME = "06_mod"
+CHROMIUM = os.environ.get("MOE_COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+PWN = "window.__pwned=1;document.title='pwned'"
+
+
+def _png(width: int, height: int) -> str:
+    """A real RGB PNG of ``width`` x ``height`` red pixels, base64 (what a learner's matplotlib figure is)."""
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = b"".join(b"\x00" + b"\xff\x00\x00" * width for _ in range(height))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+    return base64.b64encode(png).decode()
+
+
+def _hostile_cells(beacon: str) -> list[dict]:
+    """Markdown and outputs that, in the old feedback, ran script or reached ``beacon`` (the stand-in server)."""
+    figure = _png(12, 8)
+
+    def output(data, metadata=None):
+        return {"output_type": "display_data", "data": data, "metadata": metadata or {}}
+
+    markdown = (f"<img src={beacon}/markdown.png> <a href=\"javascript:{PWN}\">a javascript: link</a> "
+                f"<a href=\"//127.0.0.1:{beacon.rsplit(':', 1)[1]}/relative\">protocol-relative</a>\n\n"
+                f"<svg onload=\"{PWN}\"><image href=\"{beacon}/svg.png\"/></svg>\n\n"
+                f"<meta http-equiv=\"refresh\" content=\"0;url={beacon}/refresh\">\n\n"
+                f"<style>body {{ background: url({beacon}/style.png) }}</style>\n\n"
+                f"<div style=\"background-image: url({beacon}/inline.png)\">styled</div>"
+                f"<span style=\"background: u\\72l({beacon}/escaped.png)\">escaped</span>\n\n"
+                f"<img src=x onerror=\"{PWN}\"> <iframe src=\"{beacon}/frame\"></iframe>"
+                f"<object data=\"{beacon}/object\"></object><form action=\"{beacon}/form\"><button>go</button></form>")
+    outputs = [
+        output({"image/png": figure}, {"image/png": {"width": f"1 onerror={PWN}", "height": f"1 onload={PWN}"}}),
+        output({"image/png": figure}, {"filenames": {"image/png": f"{beacon}/filename.png"}}),
+        output({"text/markdown": f"![beacon]({beacon}/markdown-output.png) <img src={beacon}/md-out-tag.png>"}),
+        output({"text/html": f"<img src={beacon}/html.png onerror=\"{PWN}\"><script>{PWN}</script>"}),
+        output({"text/html": f"<p>isolated</p><img src={beacon}/isolated.png>"},
+               {"text/html": {"isolated": True}}),
+        output({"image/svg+xml": f"<svg xmlns='http://www.w3.org/2000/svg' onload=\"{PWN}\"><image "
+                                 f"href='{beacon}/svg-output.png'/></svg>", "text/plain": "<svg>"}),
+        output({"application/javascript": PWN, "text/plain": "<js>"}),
+        output({"image/png": figure}, {"image/png": {"width": 48, "alt": "the learner's figure"}}),  # correct
+    ]
+    return [{"cell_type": "markdown", "id": "hostile-md", "metadata": {}, "source": markdown},
+            {"cell_type": "code", "id": "hostile-out", "metadata": {}, "execution_count": 1, "outputs": outputs,
+             "source": "# outputs as the kernel sent them"}]
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """A course with 06_mod released (no exercises folder written)."""
+    folder = tmp_path_factory.mktemp("course")
+    build.release(folder, [NAME], exercises_dir=None)
+    return folder
+
+
+def _graded(course: Path, student: str, extra_cells: list[dict]) -> None:
+    """``student``'s notebook (the released one plus ``extra_cells``) where autograde leaves a graded one, with
+    the submission in the student's gradebook copy and a "graded" record."""
+    from nbgrader.api import Gradebook
+
+    paths = course_paths(course)
+    notebook = json.loads((paths["release"] / NAME / f"{NAME}.ipynb").read_text())
+    notebook["cells"] += extra_cells
+    target = paths["autograded"] / student / NAME / f"{NAME}.ipynb"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(notebook))
+    (paths["submitted"] / student / NAME).mkdir(parents=True, exist_ok=True)
+    db, result = record_paths(course, NAME, student)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(paths["db"], db)
+    with Gradebook(f"sqlite:///{db}", "moe-course") as gradebook:
+        gradebook.update_or_create_student(student)
+        gradebook.add_submission(NAME, student)
+    result.write_text(json.dumps({"student": student, "assignment": NAME, "status": "graded"}))
+
+
+class _Counting(http.server.BaseHTTPRequestHandler):
+    requests: list = []
+
+    def do_GET(self):  # noqa: N802
+        self.requests.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    do_POST = do_GET  # noqa: N815
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def beacon():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", _Counting.requests
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    if not Path(CHROMIUM).is_file():
+        pytest.skip(f"Chromium not found at {CHROMIUM} (Debian: apt-get install chromium; or set MOE_COURSE_CHROMIUM)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    with sync_api.sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
+            args=CHROMIUM_FLAGS)
+        yield context
+        context.close()
+
+
+UNCLOSED = "".join(f"<b class=c{i}>" for i in range(28_000))  # 0.4 MB of distinct unclosed tags
+LIMIT = 5  # seconds per student in this test's feedback run
+
+
+@pytest.fixture(scope="module")
+def pages(course, beacon):
+    """One feedback run (two child processes): the hostile page, a page that never finishes (its graded
+    notebook is a FIFO nobody writes: reading it blocks), the 0.4 MB markdown cell of distinct unclosed tags
+    (which made the old sanitizer quadratic) and a plain page after them."""
+    _graded(course, "hostile", _hostile_cells(beacon[0]))
+    _graded(course, "blocked", [])
+    blocked = course_paths(course)["autograded"] / "blocked" / NAME / f"{NAME}.ipynb"
+    blocked.unlink()
+    os.mkfifo(blocked)
+    _graded(course, "nested", [{"cell_type": "markdown", "id": "nested", "metadata": {}, "source": UNCLOSED}])
+    _graded(course, "plain", [])
+    start = time.perf_counter()
+    pages = grade.feedback(course, NAME, ["hostile", "blocked", "nested", "plain"], seconds=LIMIT)
+    return {student: path.read_text() for student, path in pages.items()} | {
+        "paths": pages, "seconds": time.perf_counter() - start}
+
+
+def test_hostile_feedback_runs_nothing_requests_nothing_and_shows_the_figure(pages, beacon, browser):
+    url, requests = beacon
+    text, page_file = pages["hostile"], pages["paths"]["hostile"]
+    assert text.index('http-equiv="Content-Security-Policy"') < text.index("<title>"), "the CSP comes first"
+    assert "feedback skipped" not in text and "Score:" in text
+    # the stand-in server is reachable from this browser: a control page outside the feedback reaches it
+    page = browser.new_page()
+    page.goto(f"{url}/control")
+    assert "/control" in requests, requests
+    page.goto("about:blank")
+    requests.clear()
+
+    page.goto(page_file.resolve().as_uri())
+    page.wait_for_load_state("load")
+    for anchor in page.query_selector_all("a"):  # the javascript: link, the protocol-relative one, the anchors
+        anchor.dispatch_event("click")
+    page.wait_for_timeout(1500)  # the refresh meta asked for 0 s
+    assert page.evaluate("window.__pwned") is None, "a handler ran"
+    assert page.title() == NAME and page.url.split("#")[0] == page_file.resolve().as_uri()
+    assert requests == [], f"the page requested {requests}"
+    assert page.evaluate("document.querySelectorAll('script, iframe, object, form, svg, meta[http-equiv=refresh],"
+                         " [onerror], [onload], [onclick]').length") == 0
+    assert page.evaluate("[...document.querySelectorAll('a[href]')].every(a => a.getAttribute('href')"
+                         ".startsWith('#'))")
+    # the correct student's figure shows (a data: PNG that decoded), and the course's stylesheet applies
+    figure = page.evaluate("(() => { const img = document.querySelector('img[alt=\"the learner\\'s figure\"]');"
+                           " return img && [img.complete, img.naturalWidth, img.src.slice(0, 22)]; })()")
+    assert figure == [True, 12, "data:image/png;base64,"], figure
+    assert page.evaluate("getComputedStyle(document.body).fontSize") == "14px", "nbgrader's feedback styles"
+    assert page.evaluate("[...document.images].every(img => img.src === '' || img.src.startsWith('data:image/'))")
+    page.close()
+
+
+def test_markup_is_capped_and_a_slow_page_is_skipped_alone(pages):
+    # the 0.4 MB cell is replaced by a notice before any parser sees it
+    assert len(UNCLOSED) > 400_000
+    nested = pages["nested"]
+    assert f"markdown cell of {len(UNCLOSED):,} characters not shown in the feedback" in nested
+    assert "c27999" not in nested and "feedback skipped" not in nested
+    # the page that never finishes is skipped with one line once its time is up; the pages after it are made
+    assert pages["blocked"].count(f"feedback skipped: took longer than {LIMIT} s") == 1
+    assert "feedback skipped" not in pages["plain"] and "Score:" in pages["plain"]
+    # two child processes (4.5 s of imports each), one wait of LIMIT seconds, four pages
+    assert pages["seconds"] < 2 * LIMIT + 20, pages["seconds"]
+    print(f"\nfeedback: 4 pages (one skipped after {LIMIT} s) in {pages['seconds']:.1f} s")

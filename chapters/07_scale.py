@@ -53,6 +53,8 @@ from moe_course.models import build_model
 from moe_course.routing import CapacityRoundingWarning
 from moe_course.settings import chapter_seed
 from moe_course.train import TrainConfig, train
+from moe_course.viz import show_all_to_all
+from moe_course.viz.all_to_all import ABSENT, EMPTY
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
 SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: the random weights, inputs and the short training runs
@@ -154,9 +156,11 @@ assert all(np.allclose(held[i], 1 / n_expert) for i, (_, s) in enumerate(specs) 
 # Take the first MoE layer (block 1) and a batch of 64 images of 16 tokens (random features stand in for the
 # layer's input). Routing needs no communication: a routing group is 8 images, all on one device, so each
 # device routes its own group with the single-device functions of chapters 2-3 (router, capacity,
-# allocation). Each device then holds one capacity-padded buffer per expert, `(groups, E, B, D)`. Here we do
-# every step with NumPy on the eight devices' pieces, then run the library's `jax.shard_map` version and
-# compare.
+# allocation). Then five steps, one cell each, done with NumPy on the eight devices' pieces; at the end the
+# library's `jax.shard_map` version runs the same layer and we compare. The pictures draw, for every step, a
+# grid of the 8 devices (rows) by the 8 experts (columns): each cell is the row of buffer slots the device holds
+# for that expert, every slot coloured by the device its token comes from, and the cells of the experts that
+# live on the device outlined.
 
 # %%
 digits = ClutteredDigits()
@@ -167,29 +171,135 @@ groups = x.reshape(8, 8 * 16, config.width)  # 8 routing groups of 8 images, one
 allocation, _ = route(routing, layer, layer.router(groups))
 G, T, D, B = 8, 8 * 16, config.width, allocation.capacity
 print(f"{G} groups of {T} tokens, {E} experts, capacity B = {B} slots per expert and group, width D = {D}")
+data_rows, per = parallel.axis_size(mesh, "data"), E // n_expert  # rows of the mesh; experts per device
+device_of = lambda r, j: r * n_expert + j  # noqa: E731 -- mesh position (data r, expert j) -> the group it holds
+home = np.array([[e // per == d % n_expert for e in range(E)] for d in range(G)])  # (devices, E): where experts live
+device_names = [f"device {mesh.devices[d // n_expert, d % n_expert].id} (row {d // n_expert}, col {d % n_expert})"
+                for d in range(G)]  # the device at mesh position (data row, expert column) holds group d
 
-# step 1 (on each device): dispatch its group's tokens into its buffers for every expert
+# %% [markdown]
+# **Step 1, on each device: dispatch.** Each device puts its group's tokens into one buffer of B slots per
+# expert, for all E experts -- chapter 2's `dispatch`, `(groups, E, B, D)` for the whole batch, device d holding
+# `buffers[d]`. A choice that finds its expert's buffer full is dropped right here, on the device that routed it.
+
+# %%
 buffers = np.asarray(routing.dispatch(groups, allocation))  # (G, E, B, D); device d holds buffers[d]
-# step 2: all-to-all along the expert axis. Device (row r, column j) receives, from every device (r, i) of its
-# row, the buffers for ITS experts j*E/n ... (j+1)*E/n - 1, stacked by source.
-per = E // n_expert
-device_of = lambda r, j: r * n_expert + j  # noqa: E731 -- mesh position -> the group it holds
-inbox = {(r, j): np.concatenate([buffers[device_of(r, i), j * per:(j + 1) * per][None] for i in range(n_expert)])
-         for r in range(2) for j in range(n_expert)}
-print("a device sends", buffers[0].shape, "-> receives", inbox[0, 0].shape, "(sources, its experts, B, D)")
-# step 3: each device runs only its own experts
+slot_token = np.asarray(routing.buffer_token_index(allocation))  # (G, E, B): the token in each slot, T if empty
+source = np.where(slot_token < T, np.arange(G)[:, None, None], EMPTY)  # (G, E, B): the device a slot's token is from
+show_all_to_all({"step 1, dispatch: every device fills B slots for each of the E experts": source}, home=home,
+                device_names=device_names)
+plt.show()
+dropped = int((~np.asarray(allocation.served)).sum())
+print(f"filled slots: {(source >= 0).sum()} of {source.size}; choices dropped for a full buffer: {dropped}")
+assert (source >= 0).sum() == np.asarray(allocation.served).sum()  # one slot per served choice
+
+# %% [markdown]
+# **Explain the plot.** In some cells the slots end in white, others are full to the last slot. What happened to
+# the choices that reached a full buffer -- on which device, and when -- and what would change in the exchange
+# below if none had been dropped?
+#
+# <details><summary>What the picture shows</summary>
+#
+# A white slot is padding: fewer of this group's choices went to that expert than B. A full cell is an expert
+# this group's router likes; the choices that arrived after its B slots were taken (in the allocation's order,
+# chapter 3) were dropped on the device that routed them, before anything was sent -- they never travel and
+# they add nothing to their token's output (a token whose choices are all dropped passes the layer on the
+# residual path alone; the count is printed under the figure). Nothing changes in the exchange if none are
+# dropped, or if many are: every device sends its buffers whole, B slots per expert, full or not. That is what keeps the all-to-all's shape fixed at compile time: a receiving device
+# can never get more than B slots per expert from each device of its row, however popular the expert.
+#
+# </details>
+
+# %% [markdown]
+# **Step 2: the all-to-all along the expert axis.** Device (data r, expert j) receives from every device (r, i)
+# of its row -- itself included -- the buffers for *its* experts j*E/n ... (j+1)*E/n - 1, stacked by source.
+# `send_to_experts` writes that exchange once for any array laid out `(devices, E, ...)`: we move the tokens
+# with it, and for the picture the labels of where each slot's token came from.
+#
+# **Predict, then run.** Device 0 sends its buffers, shape `(E, B, D)`. What shape does each device hold after the
+# exchange, and the tokens of how many devices sit in it? Write your guess down before you run the next cell.
+
+# %%
+def send_to_experts(per_device):
+    """(G, E, ...) -> (G, n, E/n, ...): device (r, j) gets from each device (r, i) the block of its own experts."""
+    return np.stack([np.stack([per_device[device_of(r, i), j * per:(j + 1) * per] for i in range(n_expert)])
+                     for r in range(data_rows) for j in range(n_expert)])
+
+
+def on_the_grid(inbox_source):
+    """(G, n, E/n, B) source labels -> (G, E, n*B) for show_all_to_all: ABSENT where the expert lives elsewhere."""
+    grid = np.full((G, E, n_expert * B), ABSENT)
+    for d in range(G):
+        j = d % n_expert
+        grid[d, j * per:(j + 1) * per] = inbox_source[d].transpose(1, 0, 2).reshape(per, n_expert * B)
+    return grid
+
+
+inbox = send_to_experts(buffers)  # (G, sources, E/n, B, D)
+inbox_source = send_to_experts(source)  # (G, sources, E/n, B): the device each received token comes from
+print("a device sends", buffers[0].shape, "-> receives", inbox[0].shape, "(sources, its experts, B, D)")
+show_all_to_all({"step 2, after the all-to-all: n x B slots for each expert, on the device where it lives":
+                 on_the_grid(inbox_source)}, home=home, device_names=device_names)
+plt.show()
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Each device now holds `(n, E/n, B, D)`: n = 4 sources (the devices of its data row, itself among them) times its
+# E/n = 2 experts times B slots -- exactly as many numbers as it sent, `n * E/n * B = E * B`. An all-to-all is a
+# transpose of blocks between devices: each device keeps one of its n blocks and swaps the others. In the
+# picture, each row is filled only in its two outlined cells, and each of those holds the colours of four
+# devices: those of its own data row. The other row's tokens never arrive -- every data row holds all experts,
+# so the exchange stays within a row, which is why the expert axis, not the whole mesh, sets the traffic.
+#
+# </details>
+
+# %% [markdown]
+# **Step 3, on each device: run only its own experts.** Device (r, j) applies experts j*E/n ... (j+1)*E/n - 1
+# (the weights `shard_model` left on it) to everything it received. No slot moves: the same places, new
+# contents.
+
+# %%
 experts = layer.experts
 w = {name: np.asarray(getattr(experts, name)[...]) for name in ("fc1_kernel", "fc1_bias", "fc2_kernel", "fc2_bias")}
-def run_local(buffers, j):  # (sources, E/n, B, D) through experts j*per ... (j+1)*per - 1
+
+
+def run_local(buffers, j):
+    """(sources, E/n, B, D) through experts j*per ... (j+1)*per - 1, the experts of mesh column j."""
     e = slice(j * per, (j + 1) * per)
     h = np.einsum("sebd,edh->sebh", buffers, w["fc1_kernel"][e]) + w["fc1_bias"][e][None, :, None]
     h = np.asarray(jax.nn.gelu(h, approximate=False))
     return np.einsum("sebh,ehd->sebd", h, w["fc2_kernel"][e]) + w["fc2_bias"][e][None, :, None]
-outbox = {key: run_local(value, key[1]) for key, value in inbox.items()}
-# step 4: all-to-all back: device (r, i) collects from every device (r, j) the outputs for its own group
-returned = np.stack([np.concatenate([outbox[r, j][i] for j in range(n_expert)]) for r in range(2)
-                     for i in range(n_expert)])  # (G, E, B, D) again
-# step 5 (on each device): combine -- each token sums its served choices' outputs, weighted by the gates
+
+
+outbox = np.stack([run_local(inbox[d], d % n_expert) for d in range(G)])  # (G, sources, E/n, B, D)
+print("expert outputs on each device:", outbox[0].shape)
+
+# %% [markdown]
+# **Step 4: the all-to-all back.** The inverse exchange: device (r, i) collects from every device (r, j) of its
+# row the outputs for its own group, so every output lands in the slot its token left in step 1.
+
+# %%
+def send_back(outbox):
+    """(G, n, E/n, ...) -> (G, E, ...): the inverse of send_to_experts."""
+    return np.stack([np.concatenate([outbox[device_of(r, j)][i] for j in range(n_expert)]) for r in range(data_rows)
+                     for i in range(n_expert)])
+
+
+returned = send_back(outbox)  # (G, E, B, D) again
+after_experts = "step 3, after the experts: the same slots, now holding expert outputs"
+back_home = "step 4, after the all-to-all back: each output in the slot its token left in step 1"
+show_all_to_all({after_experts: on_the_grid(inbox_source), back_home: send_back(inbox_source)}, home=home,
+                outputs=[after_experts, back_home], device_names=device_names)
+plt.show()
+assert np.array_equal(send_back(inbox_source), source)  # every slot is back on the device that routed its token
+
+# %% [markdown]
+# **Step 5, on each device: combine.** Each token sums the outputs of its served choices, weighted by their gates
+# (chapter 2's `combine`). We compare the result with the layer on one device, and with the library's
+# `parallel.apply_experts_parallel`, which does steps 1-5 inside `jax.shard_map` with `jax.lax.all_to_all`.
+
+# %%
 by_hand = np.asarray(routing.combine(jnp.asarray(returned), allocation))
 one_device = np.asarray(routing.apply_experts(groups, allocation, lambda b: experts(b)))
 library = np.asarray(parallel.apply_experts_parallel(parallel.put(groups, parallel.batch_sharding(mesh, 3)),
@@ -199,9 +309,9 @@ print("by hand vs one device:", np.abs(by_hand - one_device).max(), " library (s
 assert np.abs(by_hand - one_device).max() < 1e-5 and np.abs(library - one_device).max() < 1e-5
 
 # %% [markdown]
-# The tokens' journey: how many routed choices each device sends to each other device (their expert's home),
-# for the 4 devices of data row 0. The diagonal stays home; everything else crosses the interconnect. The
-# buffers are padded to B slots, so what actually travels is the grey total, full or not.
+# The tokens' journey in numbers: how many routed choices each device sends to each other device (their
+# expert's home), for the 4 devices of data row 0. The diagonal stays home; everything else crosses the
+# interconnect. The buffers are padded to B slots, so what actually travels is the grey total, full or not.
 
 # %%
 sent = np.zeros((n_expert, n_expert), int)
@@ -226,6 +336,22 @@ plt.show()
 assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served choice goes exactly one place
 
 # %% [markdown]
+# **Explain the plot.** The orange bars differ from device to device; the grey line is the same for all four.
+# Which of the two sets how long the exchange takes, and what would a device gain if its router sent every
+# choice to the experts it holds itself?
+#
+# <details><summary>What the plot shows</summary>
+#
+# The grey line: an all-to-all over capacity-padded buffers sends `(n - 1) * E/n * B` slots from every device,
+# whatever their fill, so every device waits for the same transfer. The bars are the useful part of it, and
+# they differ because each group's router prefers different experts. A device whose choices all stayed home
+# (only the diagonal of the left panel filled) would still send its padded buffers: on this path locality
+# saves nothing. Sending only the filled slots needs an exchange of varying sizes, `ragged_all_to_all`, which
+# XLA provides on GPUs and TPUs only.
+#
+# </details>
+
+# %% [markdown]
 # ## 4. Bytes per device per MoE layer
 #
 # A device cuts its `(g, E, B, D)` buffers into n blocks and keeps one, so each exchange sends
@@ -235,6 +361,11 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 #
 # We check it against the program XLA compiled: every `all-to-all` instruction, its shape, and the fraction
 # (n - 1)/n of it that leaves the device.
+
+# %% [markdown]
+# **Predict, then run.** Here g = 1 group per device, E = 8, D = 64, n = 4 and B as printed in step 1. How many
+# bytes does one device send per MoE layer? Write your number down before you run the next cell, which reads the
+# answer from the program XLA compiled.
 
 # %%
 moe = model.blocks[1].mlp
@@ -250,6 +381,58 @@ formula = parallel.all_to_all_bytes(G // 8, E, B, D, n_expert)
 print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent per device: {measured} bytes; "
       f"formula: {formula} bytes")
 assert measured == formula
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# `2 * (n - 1) * g * (E / n) * B * D * 4 = 2 * 3 * 1 * 2 * B * 64 * 4`, that is 3,072 bytes per buffer slot B:
+# the printed formula and the compiled program agree exactly, because the program's all-to-all instructions have
+# fixed shapes -- `(g, E, B, D)` cut into n pieces -- that do not depend on which slots the router filled. The
+# program has two of them per layer (there and back), each the size of the device's whole buffers, of which
+# (n - 1)/n leaves the device.
+#
+# </details>
+
+# %% [markdown]
+# **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 2, 4 or 8
+# devices per row (8 is one expert per device), still one routing group per device. Does a device send more or
+# fewer bytes as n grows -- and what does it stop sending at all when n = 1?
+
+# %%
+by_mesh = {n: parallel.all_to_all_bytes(1, E, B, D, n) for n in (1, 2, 4, 8)}
+for n, sent_bytes in by_mesh.items():
+    print(f"expert axis n = {n}: {sent_bytes:7d} bytes sent per device per MoE layer "
+          f"({sent_bytes / (2 * E * B * D * 4):.3f} of its buffers, both ways)")
+assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < by_mesh[8] < 2 * E * B * D * 4
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# More, but never more than the device's whole buffers: a device keeps the block for its own experts, 1/n of
+# its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4, seven eighths at n = 8.
+# At n = 1 every expert lives on every device and nothing is sent: plain data parallelism. So spreading the
+# experts thinner saves memory (section 5) and costs interconnect traffic, which approaches a constant
+# `2 * g * E * B * D * 4` bytes per device as n grows: with many experts, the exchange does not get worse per
+# device, it only stops getting cheaper.
+#
+# </details>
+
+# %% [markdown]
+# **Change one thing.** In the cell of section 1 that loads `config`, write
+# `config = get_preset("vmoe", "digits-tiny-moe").replace(capacity_ratio=0.5)` and run the notebook again from that
+# cell to here. What happens to B, to the white slots and the dropped choices of step 1, and to the bytes? Which
+# assertion would you expect to break, if any? Set it back to `get_preset("vmoe", "digits-tiny-moe")`
+# (capacity ratio 1.05) when you are done.
+#
+# <details><summary>What to look for</summary>
+#
+# B roughly halves, and with it the bytes (the formula is linear in B) and the memory of the buffers. Fewer
+# white slots and many more dropped choices: the exchange gets cheaper by throwing tokens away, which is the
+# capacity ratio's trade-off (chapter 3). No assertion breaks: the sharded layer still equals the one-device
+# layer, because both drop the same choices -- dropping happens in the routing, before any device talks to
+# another.
+#
+# </details>
 
 # %% [markdown]
 # ## 5. Memory per device as experts and devices grow
@@ -373,3 +556,37 @@ if FULL_SCALE:
     print(result.history[-1])
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")
+
+# %% [markdown]
+# ## Summary
+#
+# - Build a device mesh with a `data` and an `expert` axis, and say which experts and which images each device
+#   holds.
+# - Shard a model so that expert weights are split over the expert axis and everything else is replicated, and
+#   read back from the arrays what each device stores.
+# - Carry out an expert-parallel MoE layer by hand -- dispatch on each device, all-to-all, local experts,
+#   all-to-all back, combine -- and check it against the one-device layer and the library's `shard_map` version.
+# - Compute the bytes a device sends per MoE layer for any mesh, and check the count against the program XLA
+#   compiled; compute the weights each device holds as experts and devices grow.
+# - Train the same model sharded, equal to the one-device run, and start it on a GPU cluster or a TPU pod.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/07_scale.ipynb](../exercises/07_scale.ipynb) asks you to write the all-to-all on a stack of per-device
+# arrays, the two exchanges of an MoE layer, where each expert lives, the expert-parallel step and the bytes each
+# device sends. Check your answers with `moe-course check exercises/07_scale.ipynb` (no instructor tools needed).
+
+# %% [markdown]
+# ## References
+#
+# - Riquelme et al. 2021, "Scaling Vision with Sparse Mixture of Experts" (V-MoE),
+#   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2.4 and App. B (experts on different devices, the
+#   capacity-padded buffers), Table 7 (the V-MoE-S/32 and B/16 architectures of sections 5 and 7).
+# - Lepikhin et al. 2020, "GShard: Scaling Giant Models with Conditional Computation and Automatic Sharding",
+#   [arXiv:2006.16668](https://arxiv.org/abs/2006.16668): Sec. 3 (the MoE layer as dispatch and combine einsums,
+#   experts sharded over devices, the all-to-all between them).
+# - Fedus et al. 2021, "Switch Transformers", [arXiv:2101.03961](https://arxiv.org/abs/2101.03961): Sec. 5 (data,
+#   model and expert parallelism, and how weights and tokens are split over a mesh of cores).
+# - Reference code: [google-research/vmoe](https://github.com/google-research/vmoe) (`vmoe/moe.py`,
+#   `sparse_moe_spmd`: the experts of a layer split over the devices of a mesh axis).

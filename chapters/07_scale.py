@@ -205,8 +205,9 @@ assert (source >= 0).sum() == np.asarray(allocation.served).sum()  # one slot pe
 # chapter 3) were dropped on the device that routed them, before anything was sent -- they never travel and
 # they add nothing to their token's output (a token whose choices are all dropped passes the layer on the
 # residual path alone; the count is printed under the figure). Nothing changes in the exchange if none are
-# dropped, or if many are: every device sends its buffers whole, B slots per expert, full or not. That is what keeps the all-to-all's shape fixed at compile time: a receiving device
-# can never get more than B slots per expert from each device of its row, however popular the expert.
+# dropped, or if many are: every device sends its buffers whole, B slots per expert, full or not. That is what
+# keeps the all-to-all's shape fixed at compile time: a receiving device can never get more than B slots per
+# expert from each device of its row, however popular the expert.
 #
 # </details>
 

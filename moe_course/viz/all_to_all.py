@@ -79,7 +79,8 @@ def show_all_to_all(stages: dict[str, np.ndarray], *, home: np.ndarray | None = 
         ax.set_yticks(np.arange(devices) + 0.5, names, fontsize=7)
         ax.set_title(title, fontsize=9, loc="left")
     handles = [Patch(color=palette[d], label=f"token from device {d}") for d in range(devices)]
-    handles += [Patch(fc="white", ec="0.5", label="empty slot (sent anyway)"), Patch(color=palette[-1], label="no slot")]
+    handles += [Patch(fc="white", ec="0.5", label="empty slot (sent anyway)"),
+                Patch(color=palette[-1], label="no slot")]
     if home is not None:
         handles.append(Patch(fill=False, ec="black", lw=1.4, label="the expert lives here"))
     if outputs:

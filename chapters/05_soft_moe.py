@@ -119,6 +119,32 @@ assert np.allclose(D.sum(axis=0), 1) and np.allclose(C.sum(axis=1), 1)
 assert (D > 0).all() and (C > 0).all()
 
 # %% [markdown]
+# **Predict, then run.** Feed the same layer an image whose four tokens are all one vector (token 0 of `X`, four
+# times). What are the dispatch weights, what does each slot hold, and do the four tokens get different outputs?
+# Write your guess down before you run the next cell.
+
+# %%
+X_same = np.repeat(X[:1], 4, axis=0)  # four copies of token 0
+same = soft_routing(jnp.asarray(X_same)[None], jnp.asarray(Phi), scale)
+D_same, C_same = np.asarray(same.dispatch_weights[0]), np.asarray(same.combine_weights[0])
+print("D:\n", D_same.round(3), "\nslot inputs D^T X:\n", (D_same.T @ X_same).round(3), "\nC:\n", C_same.round(3))
+assert np.allclose(D_same, 1 / 4) and np.allclose(D_same.T @ X_same, X_same[:2], atol=1e-6)
+assert np.allclose(C_same, C_same[:1])
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Every entry of D is 1/4: a softmax over four equal scores is uniform, so each slot takes a quarter of each token,
+# and the average of four copies of a vector is the vector itself -- both slots hold token 0, unchanged. The four
+# rows of C are equal too (equal scores give equal rows), so every token reads back the same mix of the two
+# expert outputs: identical tokens get identical outputs. The layer routes by content only: a token's position
+# reaches D and C only through what the position embedding added to the token earlier in the model. The same thing happens, more mildly, when the tokens are merely similar to
+# each slot's `phi`: the scores are then nearly equal, every slot is a near-uniform average of the image, and
+# the experts all see nearly the same input -- section 5 finds the trained slots in that state.
+#
+# </details>
+
+# %% [markdown]
 # ## 2. Properties, measured
 #
 # The same layer as a Flax module: `SoftMoE(width, hidden, num_experts, slots_per_expert=p)`. Its experts are
@@ -179,11 +205,12 @@ assert dropped["Tokens Choice"] > 0 and dropped["Experts Choice"] > 0
 # **An image's output does not depend on the batch.** Soft MoE routes each image on its own. Tokens Choice
 # routes groups of images together (here 8, as in chapter 3), so the tokens of one image compete for buffer
 # space with the others. For each of the 8 images of a group we keep that image in its place, replace the
-# other seven with different test images, and see whether its logits change. With vanilla routing the buffers
-# fill image by image: an image whose tokens meet a buffer that is filling up changes with its partners; one
-# whose tokens all fit, or all find their buffers full, does not -- so which images change depends on this fresh
-# router (and the seed), but some do. We use the two fresh models from above and give both a random head,
-# because the head starts at zero and all logits would be 0.
+# other seven with different test images, and see whether its logits change. We use the two fresh models from
+# above and give both a random head, because the head starts at zero and all logits would be 0.
+
+# %% [markdown]
+# **Predict, then run.** Of the 8 images, how many change their logits when their seven partners change -- under
+# Soft MoE, and under Tokens Choice? Write your guess down before you run the next cell.
 
 # %%
 def with_random_head(model):
@@ -202,6 +229,19 @@ for name, model in (("Soft MoE", fresh), ("Tokens Choice", fresh_sparse["Tokens 
     print(f"{name}: {sum(c > 1e-3 for c in change[name])} of 8 images change their logits when their seven "
           f"partners change (largest change {max(change[name]):.2e})")
 assert max(change["Soft MoE"]) < 1e-5 and max(change["Tokens Choice"]) > 1e-3
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Soft MoE: none, whatever the seed -- its dispatch and combine softmaxes run over one image's tokens, so the
+# other images never enter its computation (the printed largest change is float rounding, far below 1e-3).
+# Tokens Choice: some -- your run prints how many. With vanilla routing the buffers of a group
+# fill image by image: an image whose tokens meet a buffer that is filling up changes with its partners (they
+# took slots before it, or did not); one whose tokens all fit, or all find their buffers full, does not. So
+# which images change depends on this fresh router and the seed. In a trained model this means a prediction
+# can change with the batch it is served in.
+#
+# </details>
 
 # %% [markdown]
 # ## 3. Dense, Tokens Choice, Experts Choice and Soft MoE at matched FLOPs
@@ -232,6 +272,7 @@ assert max(change["Soft MoE"]) < 1e-5 and max(change["Tokens Choice"]) > 1e-3
 # by seed, on the seeds both were run with.
 
 # %%
+# recorded runs: the table and spreads below read moe_course/results/glyphs.jsonl; FLOPs and parameters are computed
 configs = {"dense": get_preset("vit", "glyphs-tiny"), "Tokens Choice": get_preset("vmoe", "glyphs-tiny-moe"),
            "Experts Choice": get_preset("vmoe", "glyphs-tiny-ec"), "Soft MoE": get_preset("soft-moe", "glyphs-tiny-soft")}
 kinds = dict(zip(configs, ("dense", "tc", "ec", "soft")))
@@ -286,9 +327,11 @@ ax.set_title(f"digit-glyphs ({configs['dense'].num_classes} classes), 8,000 step
 # hundreds of tokens per image; we train 8,000 steps with 16. The sweep in `benchmarks/README.md` ("Where experts pay")
 # has the other configurations we tried -- among them Soft MoE in the second half of the blocks, where the paper places
 # it (0.928 on seed 0, below its 0.947 in blocks 1 and 3); section 4 has accuracy and step time as the experts grow at
-# fixed slots (Fig. 6).
+# fixed slots (Fig. 6). The assertions below are over those recorded runs; `python benchmarks/glyphs_sweep.py
+# dense|tc|ec|soft --seed S` regenerates them.
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl, the 8,000-step recipe runs of every seed
 assert all(len(spread.seeds) >= 3 for spread in test.values()), test
 assert len(versus_dense["Tokens Choice"].per_seed) >= 8, versus_dense
 assert versus_dense["Tokens Choice"].spread.mean >= 0.02 and versus_dense["Tokens Choice"].losses == 0, versus_dense
@@ -304,6 +347,7 @@ assert train_loss["Soft MoE"] > 2 * train_loss["Tokens Choice"], train_loss
 # 16000`, a second seed for dense and Tokens Choice where recorded):
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl, the 16,000-step runs
 long_runs = {(run["kind"], run["seed"]): run for run in glyph_runs if run["variant"] == "--steps 16000"}
 for name in configs:
     for (kind, seed), run in sorted(long_runs.items()):
@@ -319,9 +363,11 @@ at_twice = {name: long_runs[kinds[name], 0]["test_accuracy"] for name in configs
 # (one seed is a hint, not a result). Soft MoE stays within half a point of
 # the dense model -- one seed, inside the spread the recipes show from seed to seed -- so the paper's Soft MoE
 # lead does not show here either. Whether the dense model closes the remaining point with still more steps we
-# have not measured.
+# have not measured. (The assertions below are over the recorded runs; `python benchmarks/glyphs_sweep.py
+# dense|tc|ec|soft --seed 0 --steps 16000` regenerates them.)
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl, the 16,000-step runs against the recipe's 8,000 steps
 assert all(at_twice[name] >= at_twice["dense"] + 0.005 for name in ("Tokens Choice", "Experts Choice")), at_twice
 assert abs(at_twice["Soft MoE"] - at_twice["dense"]) <= 0.01, at_twice
 assert all(long_runs[kinds[name], 0]["test_accuracy"] > recipe_runs[kinds[name], 0] for name in configs), at_twice
@@ -354,6 +400,7 @@ assert soft_test["accuracy"] >= 0.4, soft_test  # 0.52-0.77 in four runs (seeds 
 # benchmarks/glyphs_sweep.py tc|ec --experts E`, `soft --experts E --slots 16/E`; E = 16 is the recipe):
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl, seed 0 with E experts at fixed slots
 def seed0_accuracy(kind, experts):
     """Test accuracy of the recorded seed-0 glyphs run of ``kind`` with ``experts`` experts at fixed slots."""
     variant = "" if experts == 16 else f"--experts {experts}" + (f" --slots {16 // experts}" if kind == "soft" else "")
@@ -381,9 +428,11 @@ ax.legend(fontsize=8);
 # paper's degradation sets in at hundreds to thousands of experts. Experts Choice improves with E (0.947,
 # 0.972, 0.978 in the recorded runs for E = 4, 16, 32). Soft MoE improves as its experts grow at fixed slots
 # -- the direction of the paper's Fig. 6 -- but stays below the dense model at every E we could run; the
-# paper's ordering, Soft MoE above both, does not show at this scale.
+# paper's ordering, Soft MoE above both, does not show at this scale. (The assertions below are over the recorded
+# runs; `python benchmarks/glyphs_sweep.py tc|ec --experts E` and `soft --experts E --slots 16/E` regenerate them.)
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl, seed 0 with E experts at fixed slots
 assert all(acc >= dense_seed0 + 0.02 for acc in by_experts["tc"].values()), by_experts
 assert by_experts["ec"][4] < by_experts["ec"][16] < by_experts["ec"][32], by_experts
 assert by_experts["soft"][4] < by_experts["soft"][8] < by_experts["soft"][16] < dense_seed0, by_experts
@@ -415,6 +464,20 @@ ax.set_xlabel("number of experts E")
 ax.set_ylabel("forward+backward time (ms)")
 ax.set_title("Step time vs experts at fixed slots")
 ax.legend(fontsize=8);
+
+# %% [markdown]
+# **Explain the plot.** Both layers run exactly as many expert rows at every E, yet both lines may rise. Which
+# line rises more steeply, and which part of each layer grows with E?
+#
+# <details><summary>What the plot shows</summary>
+#
+# Tokens Choice's line rises more steeply (the printed growth factors say by how much on your machine). Its
+# router is a d x E matrix product for every token, followed by a top-k over E and buffer bookkeeping over E
+# experts -- all grow with E. Soft MoE's routing products (scores, `D^T X`, `C Y~`) depend on the number of
+# slots, which is fixed here; what grows with E is only the number of expert weight matrices to read, each used
+# for fewer rows. The next cell says how much of this held on every machine we tried.
+#
+# </details>
 
 # %% [markdown]
 # **Claim (Fig. 6, right): as E grows 32-fold, Tokens Choice's step time grows several times; Soft MoE's
@@ -456,11 +519,24 @@ show_slot_weights(examples["image"][:4], weights, soft_config.patch_size, shown_
 print("largest patch share per slot (mean over images), %:", (100 * np.sort(spread)[::-1]).round(1))
 
 # %% [markdown]
-# **What the pictures show: after this short training the slots are only mildly selective.** The most selective
-# slot's favourite patch gets 8-11% of its weight in our runs (seeds 0-2 and AVX2), at most 1.8 times the uniform
-# 6.25% (the paper's Fig. 10 shows slots concentrated on a few patches of a trained S/16), because the learned
-# scale has moved little from 1 (1.10-1.22). Still, the slots follow the content: a slot's favourite patch changes
-# from image to image.
+# **Explain the plot.** Most maps are pale, close to white, and each has at most a patch or two of full colour.
+# Which tokens does a pale slot average, and what would a slot that had learned to pick out the digit look like
+# here? Does a slot's reddest patch stay in one place from digit to digit?
+#
+# <details><summary>What the picture shows</summary>
+#
+# A pale map is a slot that weighs every patch close to the uniform 1/16: it averages nearly the whole image,
+# digit and clutter alike. After this short training the slots are only mildly selective: the largest shares
+# printed under the figure stay below twice the uniform 6.25% (8-11% for the most selective slot in our runs,
+# seeds 0-2 and two instruction sets; your run prints its own), while the paper's Fig. 10 shows slots of a
+# trained S/16 concentrated on a few patches. A slot that picked out the digit would be deep red on the digit's
+# patches and blue elsewhere. The reason is the learned scale, printed by the next cell: it has moved little from
+# its starting value 1, and scores that are cosines (between -1 and 1) times about 1 differ little from patch to
+# patch, so a softmax over 16 patches stays close to uniform.
+# Still, the slots follow the content: a slot's reddest patch moves from image to image (the cell below checks
+# it), because the scores compare each token with `phi`, not a position.
+#
+# </details>
 
 # %%
 top_patch = weights[..., shown_slots].argmax(axis=1)  # (images, slots)
@@ -485,6 +561,19 @@ for slots in (1, 4, 16):
     ranks[slots] = int(np.linalg.matrix_rank(y, tol=1e-4 * np.abs(y).max()))
 print("slots -> rank of the 16 x 64 output:", ranks)
 assert all(ranks[s] <= s for s in ranks) and ranks[1] == 1 and ranks[16] > ranks[4]
+
+# %% [markdown]
+# **Change one thing.** In the cell above, change `(1, 4, 16)` to `(1, 2, 4, 8, 16, 32)` and run it again -- but
+# first predict the rank at 32 slots. Set it back to `(1, 4, 16)` afterwards.
+#
+# <details><summary>What to look for</summary>
+#
+# The rank grows with the slots while there are fewer slots than tokens, and stops at 16 however many slots you
+# add: the output `C Y~` of an image has 16 rows (one per token), so its rank cannot pass 16, and the width 64 is
+# not the limit. Slots beyond the number of tokens add expert FLOPs (each slot is one expert row) and no room for
+# tokens to get individual answers.
+#
+# </details>
 
 # %% [markdown]
 # So the cost and the capacity of the layer are set by the number of slots, not of experts: the paper's models
@@ -548,3 +637,39 @@ if FULL_SCALE:
         print(name, flops_per_image(config) / 1e9, "GFLOPs", evaluate(model, cifar, "test")["accuracy"])
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")
+
+# %% [markdown]
+# ## Summary
+#
+# - Compute Soft MoE's dispatch and combine weights (Eq. 1-3) from one score matrix, by hand and with the library,
+#   and say which tokens a slot averages and what each token reads back.
+# - Show, by measurement, why Soft MoE drops no token, gives every router parameter a gradient and routes each
+#   image independently of its batch -- and where Tokens Choice and Experts Choice differ.
+# - Compare dense, Tokens Choice, Experts Choice and Soft MoE at matched FLOPs, and tell recorded runs (with the
+#   command that makes them) from what your own notebook computes.
+# - Read the slot maps of a trained Soft MoE and explain why they are pale after short training.
+# - Say what too few slots cost (the rank of the output) and why Soft MoE does not fit causal decoders.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/05_soft_moe.ipynb](../exercises/05_soft_moe.ipynb) asks you to write Soft MoE in NumPy: the router
+# logits (a scaled cosine), the dispatch and combine weights, and the whole layer with its experts. Check your
+# answers with `moe-course check exercises/05_soft_moe.ipynb` (no instructor tools needed).
+
+# %% [markdown]
+# ## References
+#
+# - Puigcerver et al. 2023, "From Sparse to Soft Mixtures of Experts" (Soft MoE),
+#   [arXiv:2308.00951](https://arxiv.org/abs/2308.00951): Sec. 2, Eq. 1-3 (section 1 here) and the properties
+#   measured in section 2 here; the paper's discussion of current limitations, causal decoding among them (section
+#   6 here); Fig. 3 (the matched-cost comparison of section 3), Fig. 6 (more experts at fixed slots, section 4),
+#   Fig. 10 (what slots look at, section 5).
+# - Zhou et al. 2022, "Mixture-of-Experts with Expert Choice Routing",
+#   [arXiv:2202.09368](https://arxiv.org/abs/2202.09368): Sec. 3 (each expert picks its top tokens; Experts
+#   Choice here).
+# - Riquelme et al. 2021, "Scaling Vision with Sparse Mixture of Experts" (V-MoE),
+#   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2 (top-k routing with buffer capacity, Tokens
+#   Choice here), Sec. 4 (Batch Prioritized Routing, used by the Tokens Choice models of section 3).
+# - Reference code: [google-research/vmoe](https://github.com/google-research/vmoe) (`vmoe/projects/soft_moe/
+#   router.py`, `SoftRouter`: the normalised scores and the learned scale of section 1).

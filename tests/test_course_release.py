@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from moe_course.cli import main  # noqa: E402
+from moe_course.course import build  # noqa: E402
 from moe_course.course.build import SECRET_MARKERS, assignment_names  # noqa: E402
 from test_chapters import WITHOUT_ASSIGNMENT  # noqa: E402  (chapters with no assignment, and why)
 
@@ -82,3 +83,53 @@ def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tm
     assert "moe_course.course.kernel" in (course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
     record = (course / "gradebooks" / "01_vit" / "ann.json").read_text()
     assert '"sandbox": "none (--no-sandbox)"' in record
+
+
+CHECKS_HEADER = "import numpy as np\n\nfrom moe_course.course.answers import Check\n\n\n"
+ONE_ANSWER = "CHECKS = {'double_tests': Check(lambda rng: [(rng.normal(size=5),)], lambda x: 2 * x)}\n"
+TWO_ANSWERS = ("CHECKS = {'double_tests': Check(lambda rng: [(rng.normal(size=5),)], lambda x: (x - 1, 2 * x),\n"
+               "                              call=lambda functions, x: (functions[0](x), functions[1](x)))}\n")
+
+
+def _solutions(folder: Path, helpers: str, graded: str = ONE_ANSWER) -> Path:
+    """A solutions folder of two small assignments: 01_double, whose graded function ``double`` (with
+    ``minus_one`` for ``TWO_ANSWERS``) is checked against 2 x, and 02_other, whose checks file's sandbox side
+    holds ``helpers`` (defining ``_cases``)."""
+    (folder / "checks").mkdir(parents=True)
+    (folder / "01_double.py").write_text("_answers.record('double_tests', (minus_one, double))\n")
+    (folder / "checks" / "01_double.py").write_text(CHECKS_HEADER + graded)
+    (folder / "02_other.py").write_text("_answers.record('sum_tests', total)\n")
+    (folder / "checks" / "02_other.py").write_text(
+        CHECKS_HEADER + helpers + "\n\nCHECKS = {'sum_tests': Check(_cases, lambda x: x.sum(), scalar=True)}\n")
+    return folder
+
+
+DRAWS = "def _cases(rng):\n    return [(rng.normal(size=4),)]\n"
+TWICE = "def _twice(x):\n    return x + x\n\n\ndef _cases(rng):\n    return [(_twice(rng.normal(size=4)),)]\n"
+NAMED = "def _double(rng):\n    return rng.normal(size=4)\n\n\ndef _cases(rng):\n    return [(_double(rng),)]\n"
+
+
+def test_graded_functions_are_read_from_the_record_calls():
+    functions = build.graded_functions(ROOT / "solutions" / "02_moe_layer.py")
+    assert functions["topk_tests"] == ["top_k_routing"], functions
+
+
+@pytest.mark.parametrize("helpers, graded, found", [
+    (DRAWS, ONE_ANSWER, None),
+    (TWICE, ONE_ANSWER, "02_other.py: _twice answers 01_double's double_tests"),
+    (TWICE, TWO_ANSWERS, "02_other.py: _twice answers 01_double's double_tests (output 2)"),
+    (NAMED, ONE_ANSWER, "02_other.py: _double is named as 01_double's graded function"),
+], ids=["clean", "answers", "answers-one-of-two", "named"])
+def test_a_helper_that_answers_another_assignment_is_refused(helpers, graded, found, tmp_path):
+    solutions = _solutions(tmp_path / "solutions", helpers, graded)
+    if found is None:
+        build.check_no_cross_answers(solutions)
+        return
+    with pytest.raises(build.ReleaseError) as refused:
+        build.check_no_cross_answers(solutions)
+    assert found in str(refused.value) and "outside the sandbox" in str(refused.value), refused.value
+    # release refuses before it writes anything, also when only the leaking assignment is released
+    with pytest.raises(build.ReleaseError, match="_twice|_double"):
+        build.release(tmp_path / "course", ["02_other"], solutions_dir=solutions, exercises_dir=None)
+    assert not (tmp_path / "course" / "release").exists()
+    build.check_no_cross_answers(solutions, ["01_double"])  # 01's own checks file keeps no helper

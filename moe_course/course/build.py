@@ -99,6 +99,116 @@ def check_inputs_only(checks: Path, seeds=(0, 1)) -> None:
                 raise ReleaseError(f"{checks}: the sandbox's version of {grade_id} draws other inputs for seed {seed}")
 
 
+def graded_functions(solution: Path) -> dict[str, list[str]]:
+    """{grade_id: the names of the functions its hidden test records} of one solution file, read from its
+    syntax tree (``record("topk_tests", top_k_routing)``, or a tuple of names; a lambda records no name)."""
+    import ast
+
+    found = {}
+    for node in ast.walk(ast.parse(Path(solution).read_text(), filename=str(solution))):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "record"
+                and len(node.args) == 2 and isinstance(node.args[0], ast.Constant)):
+            answer = node.args[1]
+            parts = answer.elts if isinstance(answer, ast.Tuple) else [answer]
+            found[node.args[0].value] = [part.id for part in parts if isinstance(part, ast.Name)]
+    return found
+
+
+def _sandbox_helpers(checks: Path) -> dict[str, object]:
+    """{name: function} of what the sandbox's version of ``checks`` (``inputs.inputs_only``) defines at
+    module level: the helpers a submission can read and call."""
+    import importlib.util
+    import inspect
+    import tempfile
+
+    from moe_course.course.inputs import inputs_only
+
+    with tempfile.TemporaryDirectory() as folder:
+        stripped = Path(folder) / checks.name
+        stripped.write_text(inputs_only(checks.read_text(), checks))
+        spec = importlib.util.spec_from_file_location(f"moe_course_sandbox_checks_{checks.stem}", stripped)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return {name: value for name, value in vars(module).items()
+            if inspect.isfunction(value) and value.__module__ == module.__name__}
+
+
+ANSWER_ARITIES = (1, 2, 3)  # a check's answer: one function, or a tuple of 2 or 3 (its ``call`` unpacks them)
+
+
+def _answered_parts(helper, check, grade_id: str, cases: list, wants) -> list[int]:
+    """The output positions of ``check`` that ``helper`` answers on ``cases``: all of them (as [-1]) when it,
+    called as the learner's function, passes the whole check; else, where the check calls a tuple of n
+    functions (each giving one output), the positions p whose output a tuple of n copies of ``helper``
+    gets right in every case. ``wants(n)`` gives the references of the first n cases (computed only when
+    needed: the first case decides whether the others are worth computing)."""
+    from moe_course.course.verdict import judge
+
+    def passes(outputs, pick=None) -> bool:
+        for count in (1, len(cases)):
+            references = wants(count)
+            if pick is not None:
+                if any(len(got) != len(want) for got, want in zip(outputs, references)):
+                    return False
+                got, want = [(out[pick],) for out in outputs[:count]], [(ref[pick],) for ref in references]
+            else:
+                got, want = outputs[:count], references
+            if judge(check, grade_id, cases[:count], got, want) is not None:
+                return False
+        return True
+
+    for arity in ANSWER_ARITIES:
+        answer = helper if arity == 1 else (helper,) * arity
+        try:
+            outputs = [check.outputs(answer, case) for case in cases]
+        except Exception:  # not a working call of this shape: the usual case for a helper
+            continue
+        if arity == 1:
+            if passes(outputs):
+                return [-1]
+        elif all(len(out) == arity for out in outputs):
+            return [p for p in range(arity) if passes(outputs, p)]
+    return []
+
+
+def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: int = 0) -> None:
+    """Check that the sandbox checks files of the assignments ``names`` (all for None) hold no helper that
+    answers any assignment's graded function: every module-level function of such a ``checks/NN_slug.py``
+    without its references (``_sandbox_helpers``: what a submission can read, print into its feedback and
+    paste into another assignment) is refused when its name, leading underscores dropped, is a graded function's name in any
+    ``NN_slug.py`` (``graded_functions``), or when, called as the answer, it passes any assignment's check
+    on the inputs of ``seed`` (or one part of a check of several functions; ``_answered_parts``). Raises
+    ReleaseError naming, for every such helper, the file and the function or check it answers."""
+    import functools
+
+    from moe_course.course.answers import check_cases, load_checks
+    from moe_course.course.verdict import references
+
+    files = sorted(p for p in (Path(solutions_dir) / "checks").glob("[0-9][0-9]_*.py")
+                   if ASSIGNMENT_PATTERN.match(p.stem))
+    graded = {function: assignment for assignment in assignment_names(solutions_dir)
+              for functions in graded_functions(Path(solutions_dir) / f"{assignment}.py").values()
+              for function in functions}
+    all_checks = [(checks.stem, grade_id, check) for checks in files for grade_id, check in load_checks(checks).items()]
+    cases = {(name, grade_id): check_cases(check, grade_id, seed) for name, grade_id, check in all_checks}
+    wants = {(name, grade_id): functools.cache(lambda count, check=check, given=cases[name, grade_id]:
+                                               references(check, given[:count]))
+             for name, grade_id, check in all_checks}
+    found = []
+    for checks in (p for p in files if not names or p.stem in names):
+        for helper_name, helper in _sandbox_helpers(checks).items():
+            if (owner := graded.get(helper_name.lstrip("_"))) is not None:
+                found.append(f"{checks}: {helper_name} is named as {owner}'s graded function")
+            for name, grade_id, check in all_checks:
+                if parts := _answered_parts(helper, check, grade_id, cases[name, grade_id], wants[name, grade_id]):
+                    which = "" if parts == [-1] else f" (output {', '.join(str(p + 1) for p in parts)})"
+                    found.append(f"{checks}: {helper_name} answers {name}'s {grade_id}{which}")
+    if found:
+        raise ReleaseError("a sandbox's checks file keeps a helper that a submission can read there and paste into "
+                           "an assignment (draw the inputs without it, or compute what it gives in a reference, "
+                           "outside the sandbox): " + "; ".join(found))
+
+
 def install_checks(solution: Path, course_dir: Path) -> Path:
     """Copy ``checks/<name>.py`` beside ``solution`` into the course (``config.checks_file``) after checking
     that it has a check for every grade cell of the solution and nothing else, and that its sandbox version
@@ -130,14 +240,17 @@ def release(course_dir: Path, names=None, *, solutions_dir: Path = SOLUTIONS,
     ``exercises_dir`` (None: only into the course's ``release/``). Also records the assignment and its grade
     cells in the course's gradebook, which ``autograde`` needs. Returns the released notebooks' paths.
 
-    Copies each assignment's checks into the course (``install_checks``).
+    Copies each assignment's checks into the course (``install_checks``), after checking every assignment's
+    checks against every assignment's graded functions (``check_no_cross_answers``).
 
     Raises ValueError for an unknown assignment name, ReleaseError when nbgrader fails, a released notebook
-    still holds a SECRET_MARKER or the checks do not match the grade cells.
+    still holds a SECRET_MARKER, the checks do not match the grade cells, or a checks file keeps a helper that
+    answers a graded function.
     """
     from nbgrader.apps import NbGraderAPI
 
     names = check_names(names, solutions_dir)
+    check_no_cross_answers(solutions_dir, names)
     paths = course_paths(course_dir)
     paths["root"].mkdir(parents=True, exist_ok=True)
     api = NbGraderAPI(config=nbgrader_config(course_dir))

@@ -412,9 +412,9 @@ assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < by_mesh[8] < 2 * E * B * D 
 # More, but never more than the device's whole buffers: a device keeps the block for its own experts, 1/n of
 # its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4, seven eighths at n = 8.
 # At n = 1 every expert lives on every device and nothing is sent: plain data parallelism. So spreading the
-# experts thinner saves memory (section 5) and costs interconnect traffic, which approaches a constant
-# `2 * g * E * B * D * 4` bytes per device as n grows: with many experts, the exchange does not get worse per
-# device, it only stops getting cheaper.
+# experts thinner saves memory (section 5) and costs traffic, but the traffic per device is bounded: it
+# approaches `2 * g * E * B * D * 4` bytes -- all of its buffers, there and back -- however many devices share
+# the experts.
 #
 # </details>
 

@@ -112,6 +112,10 @@ print(f"{dense_config.name}: {dense_config.num_tokens} patch tokens of {dense_co
 # block of our backbone, in forward FLOPs per image (one multiply-add = 2 FLOPs, the course's shared
 # analytic count):
 
+# %% [markdown]
+# **Predict, then run.** At C = 0.5 the block processes half of the 36 tokens. Does it cost half of the full
+# block's FLOPs, more, or less? And at C = 0.125? Write your guess down before you run the next cell.
+
 # %%
 tokens, width, hidden = dense_config.num_tokens, dense_config.width, dense_config.mlp_dim
 full_block = attention_flops(tokens, width) + mlp_flops(tokens, width, hidden)
@@ -122,6 +126,18 @@ for capacity in (1.0, *CAPACITIES):
     print(f"C = {capacity:5}: {kept:2d} of {tokens} tokens, {block_share[capacity] * full_block / 1e6:4.2f} MFLOPs "
           f"per block ({block_share[capacity]:.3f} of the full block)")
 assert block_share[0.5] < 0.5 and block_share[0.125] < 0.125
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Less than half, and at 12.5% less than an eighth. Most of the block -- the query, key, value and output
+# projections and the MLP -- works token by token, so it costs K/P of the full block; but the two attention
+# products compare every kept token with every kept token, and they cost (K/P)^2 of theirs, so the printed share
+# sits a little below K/P. (At 12.5%, K = round(4.5) = 4, so K/P = 4/36 is already below 1/8.) With more tokens
+# per image (ViT-B/16 has 196) the attention products are a larger part of the block and the saving beyond K/P
+# grows.
+#
+# </details>
 
 # %% [markdown]
 # **Where do the scores come from?** Standard MoD routing (A-MoD Eq. 1) learns a vector `W_r`: `r_i = x_i W_r`.
@@ -155,6 +171,20 @@ grad_plain, grad_gated = (np.asarray(jax.grad(mod_step)(w_router, multiply)) for
 print("d loss / d W_r without the multiplication:", grad_plain)
 print("d loss / d W_r with it:                   ", grad_gated.round(3))
 assert np.all(grad_plain == 0) and np.all(np.abs(grad_gated) > 0)
+
+# %% [markdown]
+# **Change one thing.** In the cell above, change `mod_select(scores, 0.5)` to `mod_select(scores, 1.0)`: every
+# token is kept, so the router makes no choice at all. Does the version without the multiplication now get a
+# gradient? Run it, then set it back to `0.5`.
+#
+# <details><summary>What to look for</summary>
+#
+# Still exactly zero. Without the multiplication `W_r` enters the loss only through *which* tokens are kept,
+# an index; an index has no derivative, so nothing flows back to `W_r` whether the router keeps half of the
+# tokens or all of them. With the gate, `W_r` multiplies every kept token's update, and the gradient is there at
+# any capacity.
+#
+# </details>
 
 # %% [markdown]
 # ## 2. A dense ViT to start from
@@ -220,7 +250,12 @@ assert set(kept_by_library) == set(np.argsort(-literal, kind="stable")[:mod_capa
 #
 # The paper's Table 3: adapt a pretrained model to MoD and evaluate it at once. A-MoD always starts higher
 # than standard routing -- DeiT-Ti at 50% capacity: 52.6% against 4.45% top-1 on ImageNet -- while at 12.5%
-# both lose almost everything there (0.97% and 0.42%). Here, on all 1,050 test canvases:
+# both lose almost everything there (0.97% and 0.42%). Here, on all 1,050 test canvases.
+
+# %% [markdown]
+# **Predict, then run.** Without any training, at C = 0.5: which keeps more of the dense model's accuracy,
+# attention routing or a fresh standard router -- and does either keep most of it? At C = 0.125? Write your
+# guess down before you run the next cell.
 
 # %%
 adapted = {(router, c): mod_from_vit(dense, capacity=c, router=router, seed=SEED) for router in ROUTERS
@@ -231,10 +266,23 @@ for (router, c), accuracy in no_training.items():
     print(f"{NAMES[router]:12s} C = {c:5}: {accuracy:.3f} ({accuracy / dense_test:4.0%} of the dense accuracy)")
 
 # %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# At 50%, attention routing keeps most of the dense accuracy and a fresh standard router far less. Attention
+# routing keeps the tokens the pretrained model itself attends to most -- the ones it leans on -- and passes
+# them through the block unchanged. The fresh router keeps the tokens a random direction happens to favour, and
+# its gates, near `sigmoid(0) = 1/2`, halve every kept token's update besides. At 12.5% the block sees 4 of 36
+# tokens and attends among those 4 only; both routers lose much of the accuracy, attention routing less. The
+# claims below say what held over several seeds.
+#
+# </details>
+
+# %% [markdown]
 # **Claims (Table 3 at toy scale).** At 50% capacity, attention routing keeps most of the pretrained model's
 # accuracy without any training, and far more than a fresh standard router; at 12.5% both lose much of it, and
-# attention routing still keeps more. Attention routing has no parameters, so its numbers here are the recorded
-# backbone's and the same on every run (0.919 and 0.521 of a dense 0.960 on ours). The standard router is drawn
+# attention routing still keeps more. Attention routing has no parameters, so its numbers printed above depend
+# only on the recorded backbone: they are the same on every run and seed (up to rounding on another CPU). The
+# standard router is drawn
 # fresh from the seed, and what it keeps swings with the draw: 0.29-0.62 at 50% and 0.23-0.34 at 12.5% over
 # seeds 0-2 (`MOE_COURSE_SEED`) -- a random router picks random tokens, and which tokens a random direction
 # favours matters a lot. The paper's fresh standard routers fall close to chance on ImageNet (DeiT-Ti at 50%:
@@ -301,8 +349,8 @@ for name in candidates:
 # standard routing -- it starts where the pretrained model already is -- and is still well ahead at the end, as
 # in the paper; the standard router, starting from a random choice of tokens, gains the most and still ends 16-24
 # points behind (seeds 0-2). **A-MoD against the isoFLOP baseline** (the first 3 of the 4 blocks, no routing):
-# in our runs A-MoD ended 1.3-1.9 points of test accuracy above it on each of seeds 0, 1 and 2 (0.944, 0.937,
-# 0.942 against 0.925, 0.921, 0.929), the direction of the paper's ImageNet runs (Table 1; on its small transfer
+# in our runs A-MoD ended 1.3-1.9 points of test accuracy above it on each of seeds 0, 1 and 2 (your run prints
+# its own gap below), the direction of the paper's ImageNet runs (Table 1; on its small transfer
 # tasks, Tables 4-5, the isoFLOP model is ahead). A gap of a point or two after 80 steps is a remark, not a
 # result, so the cell below asserts only the standard-router comparison.
 
@@ -335,6 +383,22 @@ show_dropped_patches(shown["image"], rows, dense_config.patch_size, boxes=shown[
                      legend=f"patch skipped by the MoD block (C = {FT_CAPACITY})");
 
 # %% [markdown]
+# **Explain the plot.** In which rows do the kept (untinted) patches sit on the digit, inside the green box, and
+# in which do they spread over the clutter and the empty canvas? Why would a standard router, fine-tuned for the
+# same 80 steps, keep background patches?
+#
+# <details><summary>What the picture shows</summary>
+#
+# A-MoD's rows keep mostly the digit's patches. Its scores are the attention each patch received in the block
+# before, and a ViT trained to name the digit attends to the digit's patches (chapter 1 drew this); the skipped,
+# tinted ones are mostly clutter and empty canvas. The standard router began as a random direction `W_r`, and 80
+# small steps move it little: it keeps the patches whose features happen to align with `W_r`, and those need not
+# be the digit's -- in some blocks they are mostly background. Six digits are anecdotes; the next cell counts
+# over the whole test split.
+#
+# </details>
+
+# %% [markdown]
 # Over the whole test split: the share of kept patches that overlap the digit's box, per MoD block, against
 # the share of all patches that do.
 
@@ -350,7 +414,8 @@ for name, model in tuned.items():
 
 # %% [markdown]
 # **Claim (Fig. 6): A-MoD keeps the digit.** In both MoD blocks the patches A-MoD processes lie on the digit
-# far more often than patches in general (67-68% against 44% in our runs, seeds 0-2), and more often than the
+# far more often than patches in general (67-68% of the kept patches in our runs on seeds 0-2, against the share of
+# all patches printed above, which is the same on every run), and more often than the
 # ones the fine-tuned standard router processes (32-53%, depending on the seed: some of its blocks prefer the
 # background).
 
@@ -493,6 +558,23 @@ figure_handle = display(kept_figure(slider.value), display_id=True)
 slider.observe(lambda change: figure_handle.update(kept_figure(round(change["new"], 2))), names="value")
 
 # %% [markdown]
+# **Explore.** With the slider at C = 0.5, which patches does A-MoD skip: the digit's, the clutter's, the empty
+# canvas? Move C down step by step to 0.1: which patches survive longest, and is it the same in block 1 and
+# block 3? Then move it to 1.0: what does the figure show, and what accuracy would this model have?
+#
+# <details><summary>What to look for</summary>
+#
+# At 0.5 the tint falls mostly on the empty canvas; the digit's patches are kept, all or nearly all, together
+# with some clutter strokes, which draw attention too (the counts under each panel say how many of the 36 are
+# kept). As C falls the kept patches close in on the digit -- the patches the previous block attended to most --
+# until at C = 0.1 almost every kept patch is on it; the two blocks need not agree, since each routes on the
+# maps of the block before it. At C = 1 nothing is skipped and no patch is tinted: with attention routing (which
+# does not multiply the update) the model computes what the dense model does, up to float rounding, and its
+# accuracy is the dense backbone's.
+#
+# </details>
+
+# %% [markdown]
 # ## 10. Full scale
 #
 # The paper's backbones are presets: `mod-deit-ti/16-c0.5`, `mod-deit-s/16-c0.125`, ..., `mod-vit-l/16-c0.5`
@@ -544,3 +626,40 @@ if FULL_SCALE:
             print(f"{NAMES[router]} C = {c}, fine-tuned:", evaluate(model, imagenet, "val", batch_size=256)["accuracy"])
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA, MOE_COURSE_DEIT) to run it.")
+
+# %% [markdown]
+# ## Summary
+#
+# - Count what an MoD block saves at capacity C, and explain why a learned router must multiply the block's output
+#   by its score to receive a gradient (A-MoD Eq. 1-2).
+# - Derive attention routing from the previous block's attention maps (Eq. 3-5) and check it against the library.
+# - Adapt a pretrained ViT to MoD without training and with short fine-tuning, and compare attention routing, a
+#   standard router and an isoFLOP baseline of fewer blocks.
+# - Draw which patches each router keeps, and test whether its scores follow leave-one-out token importance.
+# - Tell FLOPs from wall-clock time, and check from the compiled program that skipped tokens are never computed.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/06_mod.ipynb](../exercises/06_mod.ipynb) asks you to write the two routing scores (a standard router
+# and attention routing), the capacity `K = round(C * P)` and the top-K selection of an MoD block. Check your
+# answers with `moe-course check exercises/06_mod.ipynb` (no instructor tools needed).
+
+# %% [markdown]
+# ## References
+#
+# - Raposo et al. 2024, "Mixture-of-Depths: Dynamically allocating compute in transformer-based language models",
+#   [arXiv:2404.02258](https://arxiv.org/abs/2404.02258): Sec. 3 (top-k routing around whole blocks, the router
+#   weight multiplying the block's output, MoD on every other block).
+# - Gadhikar et al. 2024, "Attention Is All You Need for Mixture-of-Depths Routing" (A-MoD),
+#   [arXiv:2412.20875](https://arxiv.org/abs/2412.20875): Eq. 1-2 (standard routing, section 1 here), Eq. 3-5
+#   (attention routing, section 3), Table 3 (adapted without training, section 4), Sec. 4.1, Table 1 and Fig. 4
+#   (fine-tuning and the isoFLOP baseline, section 5), Fig. 6 (kept patches, section 6), Sec. 4.4 and App. A
+#   (leave-one-out importance, section 7).
+# - Dosovitskiy et al. 2020, "An Image is Worth 16x16 Words" (ViT),
+#   [arXiv:2010.11929](https://arxiv.org/abs/2010.11929): Sec. 3.1 (the dense backbone every comparison starts
+#   from).
+# - Touvron et al. 2020, "Training data-efficient image transformers" (DeiT),
+#   [arXiv:2012.12877](https://arxiv.org/abs/2012.12877): the DeiT-Ti/S backbones of section 10.
+# - Reference code: no public vision MoD code exists; the ViT follows
+#   [google-research/big_vision](https://github.com/google-research/big_vision) (`big_vision/models/vit.py`).

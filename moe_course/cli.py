@@ -48,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_preset_list(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("model", choices=sorted(PRESETS), help="model family")
-    train.add_argument("--preset", required=True, help="named architecture (listed below)")
+    train.add_argument("--preset", default=None,
+                       help="named architecture (listed below); required unless --init-checkpoint gives one")
     _add_data_args(train, DATASETS)
     train.add_argument("--workdir", default=None, help="run directory for checkpoints (default: runs/<preset>)")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's recipe)")
@@ -72,6 +73,16 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_routing_args(train, "train with other settings than the preset's")
     _add_scale_args(train)
+    tune = train.add_argument_group(
+        "fine-tune a released checkpoint (docs/scale-out.md): its body, a new head for --dataset's classes, "
+        "position embeddings resized to --image-size, the fine-tuning recipe (moe_course.recipes.FINETUNE: "
+        "big_vision configs/transfer.py, SGD momentum 0.9, batch 512)")
+    tune.add_argument("--init-checkpoint", default=None, metavar="PATH",
+                      help="a vmoe checkpoint prefix (PATH.index + PATH.data-*) or a big_vision .npz")
+    tune.add_argument("--init-format", default=None, choices=REFERENCE_FORMATS, help="the checkpoint's format")
+    tune.add_argument("--init-model-config", default=None, metavar="JSON",
+                      help="vmoe: the experiment's config.model as JSON (routing settings)")
+    tune.add_argument("--init-group-size", type=int, default=None, help="vmoe: images per routing group")
     mod = train.add_argument_group("Mixture-of-Depths (mod runs)")
     mod.add_argument("--init-from", default=None, metavar="RUN_DIR",
                      help="adapt the dense ViT of this `moe-course train vit` run (A-MoD Sec. 4) instead of "
@@ -252,7 +263,7 @@ def _test_metrics(model, dataset, split: str, batch_size: int) -> dict:
 def _train(args) -> dict:
     from moe_course.configs import get_preset
     from moe_course.data import load_dataset
-    from moe_course.recipes import recipe_for
+    from moe_course.recipes import data_recipe_for, recipe_for
     import jax
 
     from moe_course.data.pipeline import check_workers, default_workers
@@ -262,9 +273,15 @@ def _train(args) -> dict:
 
     data_workers = default_workers() if args.data_workers is None else check_workers(args.data_workers)
     randaugment = None if args.randaugment is None else check_randaugment(tuple(args.randaugment))
+    if args.init_checkpoint is not None:
+        return _finetune(args, data_workers, randaugment)
+    _check_no_init_flags(args)
+    if args.preset is None:
+        raise ValueError("--preset is required (or --init-checkpoint to fine-tune a released checkpoint)")
     model_config = get_preset(args.model, args.preset)
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
+    data_recipe = data_recipe_for(model_config)
     model_config = model_config.replace(**shape)
     model_config = model_config.replace(**_routing_overrides(args, _model_kind(model_config)))
     model_config = model_config.replace(**_mod_overrides(args, model_config))
@@ -277,9 +294,9 @@ def _train(args) -> dict:
         ).items()
         if v is not None
     }
-    train_config = recipe.replace(**overrides)
-    dataset = load_dataset(_dataset_name(args, model_config), args.data_dir, image_size=model_config.image_size,
-                           seed=args.seed, randaugment=randaugment)
+    dataset = _recipe_dataset(args, _dataset_name(args, model_config), model_config.image_size, data_recipe,
+                              randaugment)
+    train_config = _recipe_train_config(recipe, overrides, data_recipe, dataset)
     classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
     model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
@@ -288,9 +305,16 @@ def _train(args) -> dict:
     print(describe_precision(model_config, why))
     init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
-    final_split = _final_split(dataset)
     if mesh is not None:
         print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
+    return _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers)
+
+
+def _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers) -> dict:
+    """``train`` with the progress bar as asked, then the summary: workdir, steps, seconds, speed, test metrics."""
+    from moe_course.train import train
+
+    final_split = _final_split(dataset)
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
                    init_model=init_model, mesh=mesh, data_workers=data_workers)
     metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
@@ -300,6 +324,111 @@ def _train(args) -> dict:
              "mfu": "unknown for this device" if speed["mfu"] is None else round(speed["mfu"], 4)} if speed else {}
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),
             **speed, **metrics}
+
+
+_TRAIN_OVERRIDES = ("steps", "batch_size", "learning_rate", "warmup_steps", "checkpoint_every", "seed")
+
+
+def _train_overrides(args) -> dict:
+    """The TrainConfig fields given on the command line (--steps, --batch-size, ...)."""
+    return {k: getattr(args, k) for k in _TRAIN_OVERRIDES if getattr(args, k) is not None}
+
+
+def _recipe_dataset(args, name: str, image_size: int, data_recipe: dict, randaugment):
+    """The dataset of a run: an image folder with the recipe's data side (``recipes.data_recipe_for``:
+    RandAugment unless --randaugment is given, evaluation crop, minival), any other dataset as ``load_dataset``
+    gives it (the recipe's data side applies to image folders only, said in one line)."""
+    from moe_course.data import load_dataset
+    from moe_course.data.folders import ImageFolder
+
+    options = {k: data_recipe.get(k) for k in ("eval_crop_fraction", "minival_fraction")}
+    recipe_augment = data_recipe.get("randaugment")
+    if name != "imagefolder":
+        if recipe_augment or any(options.values()):
+            print(f"the recipe's data side (RandAugment, evaluation crop, minival) applies to image folders; "
+                  f"dataset {name!r} is used as it is")
+        return load_dataset(name, args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment)
+    if args.data_dir is None:
+        return load_dataset(name, None)  # raises DataError naming --data-dir
+    return ImageFolder(args.data_dir, image_size=image_size, seed=args.seed,
+                       randaugment=randaugment if randaugment is not None else recipe_augment, **options)
+
+
+def _recipe_train_config(recipe, overrides: dict, data_recipe: dict, dataset):
+    """The recipe with the command line's overrides; a recipe given in epochs (``data_recipe["epochs"]``) gets
+    its steps from the training split's size and the batch size, unless --steps is given."""
+    from moe_course.recipes import epochs_to_steps
+
+    epochs = data_recipe.get("epochs")
+    if epochs and "steps" not in overrides:
+        batch = overrides.get("batch_size", recipe.batch_size)
+        overrides = {**overrides, "steps": epochs_to_steps(epochs, dataset.split_size("train"), batch)}
+    return recipe.replace(**overrides)
+
+
+def _check_no_init_flags(args) -> None:
+    given = [flag for flag, value in (("--init-format", args.init_format), ("--init-model-config",
+             args.init_model_config), ("--init-group-size", args.init_group_size)) if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)} only apply with --init-checkpoint")
+
+
+def _finetune(args, data_workers: int, randaugment) -> dict:
+    """``train --init-checkpoint``: a released vmoe / big_vision checkpoint fine-tuned on --dataset with a new
+    head (``reference.finetune.finetune_start``) and the fine-tuning recipe (``recipes.FINETUNE``)."""
+    from moe_course.recipes import FINETUNE, data_recipe_for
+    from moe_course.reference.finetune import finetune_start
+    from moe_course.train import report_devices
+    from moe_course.train.precision import describe_precision, resolve_dtype
+
+    if args.init_format is None:
+        raise ValueError(f"--init-checkpoint needs --init-format ({' or '.join(REFERENCE_FORMATS)})")
+    family = "vit" if args.init_format == "big_vision" else "vmoe"
+    if args.model != family and not (args.model == "soft-moe" and family == "vmoe"):
+        raise ValueError(f"--init-format {args.init_format} holds a {family} model; run `moe-course train {family} "
+                         f"--init-checkpoint ...` (this is a {args.model} run)")
+    for flag, value in (("--preset", args.preset), ("--patch-size", args.patch_size), ("--init-from", args.init_from)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply with --init-checkpoint: the checkpoint gives the architecture")
+    if args.dataset is None:
+        raise ValueError("--init-checkpoint needs --dataset (e.g. imagefolder with --data-dir, your own folder)")
+    data_recipe = data_recipe_for(None, finetune=True)
+    try:
+        probe = finetune_start(args.init_checkpoint, args.init_format, num_classes=1, image_size=args.image_size,
+                               model_config=args.init_model_config, group_size=args.init_group_size)
+    except (OSError, zipfile.BadZipFile) as err:
+        raise ValueError(f"--init-checkpoint: {_file_error(err)}") from err
+    dataset = _recipe_dataset(args, args.dataset, probe.config.image_size, data_recipe, randaugment)
+    model = finetune_start(args.init_checkpoint, args.init_format, num_classes=dataset.num_classes,
+                           image_size=args.image_size, model_config=args.init_model_config,
+                           group_size=args.init_group_size, seed=args.seed)
+    model_config = model.config.replace(**_routing_overrides(args, _model_kind(model.config)))
+    if model_config != model.config:
+        from moe_course.models import with_routing
+
+        with_routing(model, **_routing_overrides(args, _model_kind(model.config)))
+        model.config = model_config
+    train_config = _recipe_train_config(FINETUNE, _train_overrides(args), data_recipe, dataset)
+    workdir = Path(args.workdir or Path("runs") / model_config.name)
+    dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
+    if dtype != model_config.dtype:
+        model = _with_dtype(model, model_config.replace(dtype=dtype))
+        model_config = model.config
+    print(describe_precision(model_config, why))
+    report_devices(model_config)
+    mesh = _scale_out(args, model_config)
+    return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers)
+
+
+def _with_dtype(model, config):
+    """A copy of ``model`` built for ``config`` (another computation dtype), holding the same parameters."""
+    from flax import nnx
+
+    from moe_course.models import build_model
+
+    copy = build_model(config, rngs=nnx.Rngs(0))
+    nnx.update(copy, nnx.state(model))
+    return copy
 
 
 def _final_split(dataset) -> str | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from moe_course.checks import check_integers
-from moe_course.configs.vit import GLYPHS_TINY
+from moe_course.configs.vit import GLYPHS_TINY, VIT_S16_I1K
 from moe_course.configs.vmoe import GLYPHS_MOE, VMoEConfig
 
 ROUTERS = ("soft", "sparse")
@@ -80,5 +80,11 @@ SOFT_MOE_PRESETS: dict[str, SoftMoEConfig] = {
         # its MoE layers, 16 experts of one slot -- 16 slots for 16 tokens, the dense model's FLOPs.
         SoftMoEConfig(**{**asdict(GLYPHS_TINY), "name": "glyphs-tiny-soft"},
                       **{**GLYPHS_MOE, "group_size": 1}, slots_per_expert=1),
+        # Soft MoE-S/16 on big_vision's ImageNet-1k recipe (moe_course.recipes): vit-s/16-i1k's backbone, Soft MoE
+        # in the blocks V-MoE's every-2 uses, 41 experts x 4 slots = 164 slots: the slot count whose layer costs a
+        # dense MLP's FLOPs, router logits, dispatch and combine included (6 T S D + 4 S D H = 4 T D H gives
+        # S = 4 T H / (6 T + 4 H) = 164.5 for T = 196, D = 384, H = 1536; analysis.flops).
+        SoftMoEConfig(**{**asdict(VIT_S16_I1K), "name": "soft-moe-s/16-i1k"}, num_experts=41, slots_per_expert=4,
+                      placement="every-2", group_size=1),
     ]
 }

@@ -21,6 +21,8 @@ GELUS = ("exact", "tanh")
 # Flax's two precision fields (``dtype``: computation, ``param_dtype``: parameters), as names so that configs stay
 # JSON-ready. MaxText and big_vision train in bfloat16 with float32 parameters and optimizer state.
 DTYPES = ("float32", "bfloat16")
+POSEMBS = ("learned", "sincos2d")
+VALUE_RANGES = ("unit", "signed")
 JFT_CLASSES = 18291
 
 
@@ -41,6 +43,12 @@ class ViTConfig:
     the auxiliary, entropy and contrastive losses, LayerNorm statistics, attention softmaxes and the logits.
     param_dtype: the dtype parameters are stored (and optimised) in, "float32" (default) or "bfloat16".
     Mixed precision as the reference code runs it is dtype="bfloat16" with param_dtype="float32".
+    posemb: "learned" (position embeddings trained from a normal(0.02) start, the default) or "sincos2d"
+    (the fixed 2-d sine-cosine table of big_vision ``models/vit.py`` ``posemb_sincos_2d``, temperature 10,000,
+    "Better plain ViT baselines", Beyer et al. 2022; never updated by training; needs width % 4 == 0).
+    value_range: the pixel range the encoder sees: "unit" (the [0, 1] the datasets give, the default) or
+    "signed" (the model maps [0, 1] to [-1, 1] before the patch embedding, big_vision's ``value_range(-1, 1)``
+    of every ImageNet recipe).
     """
 
     name: str = "custom"
@@ -58,9 +66,12 @@ class ViTConfig:
     gelu: str = "exact"
     dtype: str = "float32"
     param_dtype: str = "float32"
+    posemb: str = "learned"
+    value_range: str = "unit"
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"pool": POOLS, "gelu": GELUS, "dtype": DTYPES,
-                                                     "param_dtype": DTYPES}
+                                                     "param_dtype": DTYPES, "posemb": POSEMBS,
+                                                     "value_range": VALUE_RANGES}
 
     @property
     def num_patches(self) -> int:
@@ -91,6 +102,9 @@ class ViTConfig:
             raise ValueError(f"heads={self.heads} does not divide width={self.width}; use a divisor of width")
         check_integers(self, ("representation_size",), minimum=1, optional=True)
         check_choices(self)
+        if self.posemb == "sincos2d" and self.width % 4:
+            raise ValueError(f"width={self.width} is not allowed with posemb='sincos2d'; use a multiple of 4 "
+                             f"(sine and cosine of both grid axes)")
         check_number(self, "dropout", minimum=0, maximum=1, below_maximum=True)
         return self
 
@@ -116,6 +130,17 @@ GLYPHS_TINY = ViTConfig(
     num_classes=800, pool="gap",  # = 10 * data.registry.GLYPHS_PER_DIGIT
 )
 
+# big_vision's ViT-S/16 as configs/vit_s16_i1k.py trains it (moe_course.recipes, I1K_SOURCE): variant 'S/16'
+# (big_vision models/vit.py: width 384, depth 12, MLP 1536, 6 heads), pool_type 'gap', posemb 'sincos2d',
+# rep_size True (a pre-logits layer of the width), flax.linen.gelu (tanh), pp value_range(-1, 1), 1000 classes.
+VIT_S16_I1K = ViTConfig(
+    name="vit-s/16-i1k", image_size=224, patch_size=16, width=384, depth=12, heads=6, mlp_dim=1536,
+    num_classes=1000, pool="gap", representation_size=384, gelu="tanh", posemb="sincos2d", value_range="signed",
+)
+# The same architecture family at CPU size, for the i1k recipe's tiny run (64 px, 10 classes).
+I1K_TINY = VIT_S16_I1K.replace(name="i1k-tiny", image_size=64, width=64, depth=2, heads=2, mlp_dim=256,
+                               num_classes=10, representation_size=64)
+
 _SIZES = {"s": (8, 8, 512, 2048), "b": (12, 12, 768, 3072), "l": (24, 16, 1024, 4096), "h": (32, 16, 1280, 5120)}
 
 VIT_PRESETS: dict[str, ViTConfig] = {
@@ -126,6 +151,9 @@ VIT_PRESETS: dict[str, ViTConfig] = {
         # A-MoD backbones (ImageNet-1k head).
         ViTConfig(name="deit-ti/16", width=192, depth=12, heads=3, mlp_dim=768, num_classes=1000),
         ViTConfig(name="deit-s/16", width=384, depth=12, heads=6, mlp_dim=1536, num_classes=1000),
+        # big_vision's ImageNet-1k ViT-S/16 (recipe: moe_course.recipes) and its CPU-size twin.
+        VIT_S16_I1K,
+        I1K_TINY,
         # CPU presets on the 32x32 cluttered digits.
         ViTConfig(
             name="digits-tiny", image_size=32, patch_size=8, channels=1, width=64, depth=4, heads=4,

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from moe_course.checks import check_flag, check_integers, check_number
-from moe_course.configs.vit import GLYPHS_TINY, JFT_CLASSES, ViTConfig
+from moe_course.configs.vit import GLYPHS_TINY, JFT_CLASSES, VIT_S16_I1K, ViTConfig
 from moe_course.routing.capacity import ROUNDINGS, expert_capacity
 
 PLACEMENTS = ("every-2", "last-n", "second-half")
@@ -145,7 +145,21 @@ def _from_name(name: str) -> VMoEConfig:
     return _paper(size, int(patch), *_SIZES[size], "every-2" if placement == "every-2" else "last-n", last_n or 2)
 
 
+# V-MoE-S/16 on big_vision's ImageNet-1k recipe (moe_course.recipes): vit-s/16-i1k's backbone with MoE layers in
+# every other block or the last two of them, k = 1 or 2, BPR (V-MoE Sec. 4), 8 experts (our choice: ImageNet is
+# 1/240 of JFT-300M), groups of 8 images. Equal forward FLOPs to the dense model: the capacity ratio makes every
+# expert buffer hold k * C * tokens / E = tokens / E slots (C = 1/k), so the experts compute exactly one dense MLP
+# per token; only the router (2 T D E) and the combine (2 T k D) are extra (docs/scale-out.md prints the counts).
+def _i1k(placement: str, k: int) -> VMoEConfig:
+    suffix = "every-2" if placement == "every-2" else "last-2"
+    return VMoEConfig(**{**asdict(VIT_S16_I1K), "name": f"vmoe-s/16-i1k-{suffix}-k{k}"}, num_experts=8, k=k,
+                      capacity_ratio=1.0 / k, placement=placement, moe_last_n=2, group_size=8, allocation="bpr")
+
+
+VMOE_I1K_PRESETS = {cfg.name: cfg for cfg in (_i1k(p, k) for p in ("every-2", "last-n") for k in (1, 2))}
+
 VMOE_PRESETS: dict[str, VMoEConfig] = {
+    **VMOE_I1K_PRESETS,
     **{name: _from_name(name) for name in VMOE_TABLE_7_PARAMS},
     # CPU presets on the 32x32 cluttered digits: digits-tiny's backbone with MoE in blocks 1 and 3.
     "digits-tiny-moe": VMoEConfig(

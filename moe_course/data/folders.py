@@ -74,11 +74,12 @@ def _scan_split(split_dir: Path, class_index: dict[str, int]) -> tuple[list[str]
     return paths, np.asarray(labels, np.int32)
 
 
-def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = None, flip: bool = True
-               ) -> np.ndarray:
+def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = None, flip: bool = True,
+               resize_small: int | None = None) -> np.ndarray:
     """The image file at ``path`` as RGB pixels, (image_size, image_size, 3) uint8.
 
-    Without ``rng`` (evaluation): shorter side resized (bilinear) to ``image_size``, then the center crop.
+    Without ``rng`` (evaluation): shorter side resized (bilinear) to ``resize_small`` (None: ``image_size``), then
+    the central ``image_size`` crop (big_vision's ``resize_small(256)|central_crop(224)`` with 256 and 224).
     With ``rng`` (training): the Inception-style random-resized crop (``augment.inception_crop_box``: 8-100% of
     the area, aspect 3/4-4/3) resized to ``image_size``, then (with ``flip``) a horizontal flip with probability
     1/2, every draw from ``rng``. A JPEG is decoded at a reduced scale (PIL ``Image.draft``: 1/2, 1/4 or 1/8)
@@ -89,11 +90,12 @@ def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = 
         with Image.open(path) as image:
             width, height = image.size
             if rng is None:
-                image.draft("RGB", (image_size, image_size))  # JPEG: decode at a reduced scale >= the target
+                side = max(image_size, resize_small or image_size)
+                image.draft("RGB", (side, side))  # JPEG: decode at a reduced scale >= the target
                 image = image.convert("RGB")
                 width, height = image.size
-                scale = image_size / min(width, height)
-                new_w, new_h = max(image_size, round(width * scale)), max(image_size, round(height * scale))
+                scale = side / min(width, height)
+                new_w, new_h = max(side, round(width * scale)), max(side, round(height * scale))
                 image = image.resize((new_w, new_h), Image.BILINEAR)
                 left, top = (new_w - image_size) // 2, (new_h - image_size) // 2
                 return np.asarray(image.crop((left, top, left + image_size, top + image_size)))
@@ -114,13 +116,14 @@ def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = 
 
 
 def read_images(paths: list[str], image_size: int, *, augment_seeds: list[tuple[int, int, int]] | None = None,
-                flip: bool = True) -> np.ndarray:
+                flip: bool = True, resize_small: int | None = None) -> np.ndarray:
     """``read_image`` of every path: (n, image_size, image_size, 3) uint8. ``augment_seeds``: one (seed, epoch,
-    index) per path for the training augmentation (``augment.example_rng``); None for evaluation crops."""
+    index) per path for the training augmentation (``augment.example_rng``); None for evaluation crops, whose
+    shorter side is resized to ``resize_small`` (None: image_size) first."""
     images = np.empty((len(paths), image_size, image_size, 3), np.uint8)
     for row, path in enumerate(paths):
         rng = None if augment_seeds is None else example_rng(*augment_seeds[row])
-        images[row] = read_image(path, image_size, rng=rng, flip=flip)
+        images[row] = read_image(path, image_size, rng=rng, flip=flip, resize_small=resize_small)
     return images
 
 
@@ -137,13 +140,28 @@ class ImageFolder:
         folders, a class folder without images, or a val/test class that train lacks; in ``get`` for an
         image file that cannot be read. The one-line message names the path and what was expected.
       ValueError: a bad ``image_size`` or ``randaugment``; ``randaugment.RandAugmentUnavailable`` (a ValueError)
-        for ``randaugment`` without PyTorch or kornia installed. Both before the files are listed.
+        for ``randaugment`` without PyTorch or kornia installed. Both before the files are listed. A bad
+        ``eval_crop_fraction`` or ``minival_fraction``, or a minival that leaves train or val empty.
+
+    Recipe options (``moe_course.recipes.data_recipe_for``): ``eval_crop_fraction`` f in (0, 1]: evaluation
+    images are resized so that their shorter side is round(image_size / f), then centrally cropped
+    (big_vision's ``resize_small(256)|central_crop(224)`` is f = 224/256); None: f = 1. ``minival_fraction``:
+    hold out that share of the training images (round(share x n), a fixed random choice independent of
+    ``seed``) as the "val" split, as big_vision's ``train[99%:]`` minival; the folder's val/ then becomes the
+    "test" split (unless a test/ folder exists, which stays the test split). 0: val/ is the val split.
     """
 
     def __init__(self, root: str | os.PathLike, *, image_size: int = 224, name: str = "imagefolder", seed: int = 0,
-                 randaugment: tuple[int, float] | None = None):
+                 randaugment: tuple[int, float] | None = None, eval_crop_fraction: float | None = None,
+                 minival_fraction: float = 0.0):
         if image_size < 1:
             raise ValueError(f"image_size={image_size} is not allowed; use a side of at least 1 pixel")
+        if eval_crop_fraction is not None and not 0 < eval_crop_fraction <= 1:
+            raise ValueError(f"eval_crop_fraction={eval_crop_fraction!r} is not allowed; use 0 < f <= 1 or None")
+        if not 0 <= minival_fraction < 1:
+            raise ValueError(f"minival_fraction={minival_fraction!r} is not allowed; use 0 <= share < 1")
+        self.resize_small = None if eval_crop_fraction is None else round(image_size / eval_crop_fraction)
+        self.minival_fraction = minival_fraction
         self.randaugment = None if randaugment is None else check_randaugment(randaugment)
         if self.randaugment is not None:
             randaugment_module(*self.randaugment)  # kornia here, now; a worker process builds its own copy
@@ -169,6 +187,24 @@ class ImageFolder:
                 self._files[split], self._labels[split] = [], np.zeros((0,), np.int32)
             else:
                 self._files[split], self._labels[split] = _scan_split(root / split, class_index)
+        if minival_fraction:
+            self._hold_out_minival(minival_fraction)
+
+    def _hold_out_minival(self, share: float) -> None:
+        """Move round(share x n) training images, a fixed random choice, to "val"; val/ becomes "test" unless
+        test/ exists."""
+        n = len(self._files["train"])
+        held = round(share * n)
+        if not 0 < held < n:
+            raise ValueError(f"minival_fraction={share} of the {n} training images of {self.root} holds out {held}; "
+                             f"use a share that leaves at least one image on each side")
+        order = np.random.default_rng(0x111A1).permutation(n)
+        keep, out = np.sort(order[:n - held]), np.sort(order[n - held:])
+        files, labels = self._files["train"], self._labels["train"]
+        if not self._files["test"]:
+            self._files["test"], self._labels["test"] = self._files["val"], self._labels["val"]
+        self._files["val"], self._labels["val"] = [files[i] for i in out], labels[out]
+        self._files["train"], self._labels["train"] = [files[i] for i in keep], labels[keep]
 
     def split_size(self, split: str) -> int:
         """Image files in ``split`` ("train", "val" or "test"); ValueError for another split."""
@@ -198,7 +234,8 @@ class ImageFolder:
         indices = check_indices(self, split, indices)
         paths = [self._files[split][i] for i in indices]
         seeds = [(self.seed, epoch, int(i)) for i in indices] if augment else None
-        images = read_images(paths, self.image_shape[0], augment_seeds=seeds)
+        images = read_images(paths, self.image_shape[0], augment_seeds=seeds,
+                             resize_small=self.resize_small)
         if augment and self.randaugment is not None:
             for row, index in enumerate(indices):
                 images[row] = apply_randaugment(images[row], self.randaugment, seed=self.seed, epoch=epoch,

@@ -94,6 +94,9 @@ class LIMoE(nnx.Module):
 
     def __init__(self, config: LIMoEConfig, *, rngs: nnx.Rngs):
         config.validate()
+        for field, allowed in (("posemb", "learned"), ("value_range", "unit")):
+            if getattr(config, field) != allowed:
+                raise ValueError(f"{field}={getattr(config, field)!r} is not available for LIMoE; use {allowed!r}")
         self.config = c = config
         init = nnx.initializers.normal(stddev=0.02)
         mixed = precision(c)

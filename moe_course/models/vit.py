@@ -6,6 +6,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from moe_course.configs.vit import ViTConfig
@@ -22,6 +23,33 @@ def patchify(images: jax.Array, patch_size: int) -> jax.Array:
     p = patch_size
     x = images.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
     return x.reshape(b, (h // p) * (w // p), p * p * c)
+
+
+def sincos2d_position_embeddings(side: int, width: int, temperature: float = 10_000.0) -> np.ndarray:
+    """The fixed 2-d sine-cosine position embeddings of a ``side`` x ``side`` patch grid: (1, side**2, width)
+    float32, row-major over the grid, columns [sin(x w), cos(x w), sin(y w), cos(y w)] with the width/4
+    frequencies w_i = temperature ** -(i / (width/4 - 1)) (x: column, y: row) -- big_vision ``models/vit.py``
+    ``posemb_sincos_2d`` (MoCo v3's). Raises ValueError unless width is a multiple of 4 and at least 8."""
+    if width % 4 or width < 8:
+        raise ValueError(f"width={width} is not allowed for sincos2d position embeddings; use a multiple of 4, >= 8")
+    y, x = np.mgrid[:side, :side]
+    quarter = width // 4
+    omega = 1.0 / temperature ** (np.arange(quarter) / (quarter - 1))
+    y, x = np.outer(y.ravel(), omega), np.outer(x.ravel(), omega)
+    return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)[None].astype(np.float32)
+
+
+def initial_position_embeddings(config: ViTConfig, key: jax.Array) -> jax.Array:
+    """(1, num_tokens, width) in ``param_dtype``: a normal(0.02) draw from ``key`` (posemb "learned"), or the
+    sincos2d table with a zero class-token entry in front where pool="cls" (big_vision adds the position
+    embeddings before it prepends the class token)."""
+    dtype = jnp.dtype(config.param_dtype)
+    if config.posemb == "learned":
+        return nnx.initializers.normal(stddev=0.02)(key, (1, config.num_tokens, config.width), dtype)
+    table = sincos2d_position_embeddings(config.image_size // config.patch_size, config.width)
+    if config.pool == "cls":
+        table = np.concatenate([np.zeros((1, 1, config.width), np.float32), table], axis=1)
+    return jnp.asarray(table, dtype)
 
 
 def precision(config: ViTConfig) -> dict:
@@ -48,7 +76,8 @@ class PatchEmbed(nnx.Module):
 
 
 class ViT(nnx.Module):
-    """Patch embedding + learned position embeddings (+ class token) -> pre-LN encoder -> LayerNorm -> head.
+    """Patch embedding + position embeddings (learned or sincos2d; + class token) -> pre-LN encoder -> LayerNorm
+    -> head. With ``config.value_range="signed"`` the images are mapped from [0, 1] to [-1, 1] first.
 
     Call: images (batch, image_size, image_size, channels) float32 -> ModelOutput with logits
     (batch, num_classes); ``return_attention=True`` also fills ``attention`` with one
@@ -65,8 +94,9 @@ class ViT(nnx.Module):
         d = config.width
         param_dtype = precision(config)["param_dtype"]
         self.patch_embed = PatchEmbed(config.patch_size, config.channels, d, **precision(config), rngs=rngs)
-        init = nnx.initializers.normal(stddev=0.02)
-        self.pos_embed = nnx.Param(init(rngs.params(), (1, config.num_tokens, d), param_dtype))
+        # A sincos2d table is a Param too (same name in every framework and checkpoint), kept fixed: ``embed``
+        # stops its gradient, and the optimizers decay kernels only.
+        self.pos_embed = nnx.Param(initial_position_embeddings(config, rngs.params()))
         self.cls_token = nnx.Param(jnp.zeros((1, 1, d), param_dtype)) if config.pool == "cls" else None
         self.blocks = nnx.List([self.make_block(i, rngs) for i in range(config.depth)])
         float32 = {"dtype": jnp.float32, "param_dtype": param_dtype}
@@ -95,11 +125,16 @@ class ViT(nnx.Module):
         expected = (self.config.image_size, self.config.image_size, self.config.channels)
         if tuple(images.shape[1:]) != expected:
             raise ValueError(f"images have shape {tuple(images.shape[1:])} per example; this model expects {expected}")
+        if self.config.value_range == "signed":  # big_vision's value_range(-1, 1)
+            images = images * 2.0 - 1.0
         x = self.patch_embed(images)
         if self.cls_token is not None:
             cls = self.cls_token[...].astype(x.dtype)
             x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, x.shape[-1])), x], axis=1)
-        return x + self.pos_embed[...].astype(x.dtype)
+        posemb = self.pos_embed[...]
+        if self.config.posemb == "sincos2d":
+            posemb = jax.lax.stop_gradient(posemb)
+        return x + posemb.astype(x.dtype)
 
     def pool(self, x: jax.Array) -> jax.Array:
         """Final normalised tokens (batch, tokens, width) -> image representation (batch, width or

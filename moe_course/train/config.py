@@ -8,6 +8,8 @@ from typing import ClassVar
 from moe_course.checks import check_choices, check_integers, check_number, replace_validated
 
 DECAYS = ("cosine", "linear")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+MOMENT_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,18 @@ class TrainConfig:
     seed: parameter init, dropout/noise keys and data order. log_every / eval_every / checkpoint_every: in
     steps (0 = never; the last step always logs, evaluates and checkpoints). keep_checkpoints: newest kept.
     eval_batch_size: examples per evaluation batch.
+    optimizer: "adamw" (optax.adamw: the decay step is learning rate x weight_decay, on every matrix, ndim >= 2;
+    the default), or big_vision's wiring (``big_vision/optax.py`` ``make``) of "adam" (``optax.scale_by_adam``)
+    or "sgd" (``big_vision.momentum_hp``: ``optax.trace`` with ``momentum``): update = -m(t) x (learning_rate x
+    direction + weight_decay x parameter), where m(t) in [0, 1] is the schedule's multiplier -- the weight
+    decay is decoupled and NOT multiplied by the learning rate, only by the schedule -- and it decays kernels
+    only (big_vision's default ``wd_mults`` ``.*/kernel$``: every parameter whose name ends in "kernel").
+    mu_dtype: dtype of Adam's first moment / SGD's momentum accumulator, "float32" (for "adamw": the parameters'
+    dtype, optax's default) or "bfloat16" (big_vision's
+    ``optax=dict(mu_dtype='bfloat16')``; ``momentum_hp`` keeps bfloat16). momentum: SGD's trace decay.
+    mixup_p: mixup (``train.mixup``, big_vision ``utils.get_mixup``): 0 = off; else each step mixes its batch
+    with itself rolled by one at a ratio max(a, 1 - a), a ~ Beta(p, p). recipe: the recipe's name
+    (``moe_course.recipes``), written to run.json; "" for none.
     Raises ValueError from ``validate`` (and ``replace``) naming the field, e.g. ``warmup_steps`` > ``steps``.
     """
 
@@ -38,8 +52,14 @@ class TrainConfig:
     checkpoint_every: int = 200
     keep_checkpoints: int = 2
     eval_batch_size: int = 512
+    optimizer: str = "adamw"
+    mu_dtype: str = "float32"
+    momentum: float = 0.9
+    mixup_p: float = 0.0
+    recipe: str = ""
 
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"decay": DECAYS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"decay": DECAYS, "optimizer": OPTIMIZERS,
+                                                     "mu_dtype": MOMENT_DTYPES}
 
     def replace(self, **changes) -> "TrainConfig":
         """A copy with ``changes`` applied, validated. Unknown fields raise ValueError."""
@@ -54,6 +74,10 @@ class TrainConfig:
         check_choices(self)
         check_number(self, "weight_decay", minimum=0)
         check_number(self, "grad_clip", minimum=0)
+        check_number(self, "momentum", minimum=0, maximum=1, below_maximum=True)
+        check_number(self, "mixup_p", minimum=0)
+        if not isinstance(self.recipe, str):
+            raise ValueError(f"recipe={self.recipe!r} is not allowed; use a recipe name (str) or ''")
         if self.warmup_steps > self.steps:  # the learning rate would never leave warm-up
             raise ValueError(f"warmup_steps={self.warmup_steps} is larger than steps={self.steps}: the run would "
                              f"end inside its learning-rate warm-up; use warmup_steps <= {self.steps}")

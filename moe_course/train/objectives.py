@@ -36,8 +36,17 @@ class Objective(NamedTuple):
     loss: Callable
 
 
+def soft_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy against soft targets (big_vision's ``softmax_xent``). logits, targets
+    (batch, classes) float -> scalar (nats)."""
+    return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets.astype(jnp.float32)).mean()
+
+
 def _classification(model, batch, rngs: nnx.Rngs):
     out = model(batch["image"], deterministic=False, rngs=rngs)
+    if "soft_label" in batch:  # mixup (train.mixup): the mixed one-hot labels; accuracy against their argmax
+        accuracy = (out.logits.argmax(-1) == batch["soft_label"].argmax(-1)).mean()
+        return soft_cross_entropy(out.logits, batch["soft_label"]), out.aux_loss, {"accuracy": accuracy}
     accuracy = (out.logits.argmax(-1) == batch["label"]).mean()
     return cross_entropy(out.logits, batch["label"]), out.aux_loss, {"accuracy": accuracy}
 

@@ -10,6 +10,7 @@ import optax
 from flax import nnx
 from jax.experimental import checkify
 
+from moe_course.train.mixup import mixup
 from moe_course.train.objectives import CLASSIFICATION, Objective
 
 
@@ -42,7 +43,8 @@ def _jit(step: Callable, checked: bool) -> Callable:
 
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, checked: bool = False,
-                    objective: Objective = CLASSIFICATION, shardings: tuple | None = None) -> Callable:
+                    objective: Objective = CLASSIFICATION, shardings: tuple | None = None, mixup_p: float = 0.0,
+                    num_classes: int | None = None) -> Callable:
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
     metrics: loss (task + aux), task_loss, aux_loss, accuracy and the objective's own metrics -- batch means,
@@ -52,10 +54,20 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     (JaxRuntimeError, a ValueError); costs one sync per step.
     ``shardings``: (parameter shardings, optimizer state shardings), trees of ``NamedSharding`` matching
     params and opt_state, for a sharded run (``moe_course.parallel``): the updated state keeps that layout.
+    ``mixup_p`` > 0 (classification only, needs ``num_classes``): big_vision's mixup (``train.mixup``) of the
+    float images and one-hot labels first, its key split from ``key`` as big_vision does; accuracy is then
+    against the argmax of the mixed labels. Raises ValueError for mixup_p > 0 with another objective.
     """
+    if mixup_p and (objective is not CLASSIFICATION or not num_classes):
+        raise ValueError(f"mixup_p={mixup_p} applies to classification with num_classes; this is the "
+                         f"{objective.name} objective")
 
     def loss_fn(params, rest, batch, key):
         batch = as_float_images(batch)
+        if mixup_p:
+            onehot = jax.nn.one_hot(batch["label"], num_classes, dtype=jnp.float32)
+            key, image, soft = mixup(key, batch["image"], onehot, p=mixup_p)
+            batch = {**batch, "image": image, "soft_label": soft}
         model = nnx.merge(graphdef, params, rest)
         task, aux, metrics = objective.loss(model, batch, nnx.Rngs(key))
         return task + aux, {"task_loss": task, "aux_loss": aux, **metrics}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import torch
 
 from moe_course.configs.vit import ViTConfig
 from moe_course.layers.block import LAYER_NORM_EPS
 from moe_course.models.output import ModelOutput
+from moe_course.models.vit import initial_position_embeddings
 from moe_course.torch.layers.block import EncoderBlock
 from moe_course.torch.layers.init import lecun_normal_, linear
 from moe_course.torch.precision import float32_region
@@ -46,7 +49,11 @@ class ViT(torch.nn.Module):
         self.config = config
         d = config.width
         self.patch_embed = PatchEmbed(config.patch_size, config.channels, d)
-        self.pos_embed = torch.nn.Parameter(torch.randn(1, config.num_tokens, d) * 0.02)
+        if config.posemb == "sincos2d":  # the fixed table, as the JAX model's (which stops its gradient)
+            table = initial_position_embeddings(config, jax.random.key(0))
+            self.pos_embed = torch.nn.Parameter(torch.from_numpy(np.asarray(table, np.float32)), requires_grad=False)
+        else:
+            self.pos_embed = torch.nn.Parameter(torch.randn(1, config.num_tokens, d) * 0.02)
         self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, d)) if config.pool == "cls" else None
         self.blocks = torch.nn.ModuleList([self.make_block(i) for i in range(config.depth)])
         self.norm = torch.nn.LayerNorm(d, eps=LAYER_NORM_EPS)
@@ -75,6 +82,8 @@ class ViT(torch.nn.Module):
         if tuple(images.shape[1:]) != expected:
             raise ValueError(f"images have shape {tuple(images.shape[1:])} per example; this model expects {expected} "
                              f"(channels first)")
+        if self.config.value_range == "signed":  # big_vision's value_range(-1, 1), as the JAX model
+            images = images * 2.0 - 1.0
         x = self.patch_embed(images)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], 1, x.shape[-1]), x], dim=1)

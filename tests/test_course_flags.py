@@ -2,7 +2,8 @@
 
 import json
 
-from moe_course.course.flags import scan_notebook
+from moe_course.course.bounded import MAX_NOTEBOOK_BYTES, MAX_NOTEBOOK_CONTAINERS
+from moe_course.course.flags import scan_notebook, scan_source
 
 
 def test_added_cells_are_scanned_and_locked_test_cells_are_not(tmp_path):
@@ -18,3 +19,22 @@ def test_added_cells_are_scanned_and_locked_test_cells_are_not(tmp_path):
     notebook.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     flags = scan_notebook(notebook)
     assert flags == ["imports _posixsubprocess", "imports threading", "uses get_ipython"], flags
+
+
+def test_a_notebook_past_the_limits_is_not_parsed_and_says_why(tmp_path):
+    big, nested, fine = tmp_path / "big.ipynb", tmp_path / "nested.ipynb", tmp_path / "fine.ipynb"
+    big.write_text('{"cells": [], "metadata": {"x": "' + "x" * MAX_NOTEBOOK_BYTES + '"}}')
+    assert scan_notebook(big) == [f"not scanned: big.ipynb is larger than the limit of {MAX_NOTEBOOK_BYTES} bytes "
+                                  f"({MAX_NOTEBOOK_BYTES // 2**20} MiB) for a submitted notebook"]
+    nested.write_text('{"cells": [], "metadata": {"x": [' + "[]," * MAX_NOTEBOOK_CONTAINERS + '[]]}}')
+    assert scan_notebook(nested) == [f"not scanned: nested.ipynb holds {MAX_NOTEBOOK_CONTAINERS + 5} JSON arrays and "
+                                     f"objects ('[' and '{{'), more than the limit of {MAX_NOTEBOOK_CONTAINERS} "
+                                     "for a submitted notebook"]
+    fine.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": "import os"}],
+                                "metadata": {}}))
+    assert scan_notebook(fine) == ["imports os"]
+
+
+def test_code_nested_past_the_parser_is_flagged_not_raised():
+    assert scan_source("x" + ".a" * 50_000 + " = 1") == ["nested too deep to scan"]
+    assert scan_source("(" * 300 + ")" * 300) == ["does not parse"]  # the parser's own nesting limit

@@ -102,6 +102,79 @@ def test_a_tree_deeper_than_python_recurses_is_removed(tmp_path):
     assert not deep.exists()
 
 
+def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_path):
+    """What a plain-user grader meets (root reads any folder): run as uid 65534 when the test runs as root."""
+    import tempfile
+
+    plain = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    base = Path(tempfile.mkdtemp(prefix="moe-grade-locked-", dir="/tmp"))
+    if plain:
+        os.chown(base, 65534, 65534)
+    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.worker import remove_tree\n"
+              "scratch = sys.argv[1] + '/scratch'\nos.makedirs(scratch + '/locked/inner')\n"
+              "open(scratch + '/locked/inner/data', 'wb').write(bytes(2**20))\n"
+              "os.chmod(scratch + '/locked/inner', 0)\nos.chmod(scratch + '/locked', 0)\n"
+              "os.system(f'rm -rf {scratch} 2>/dev/null'); print('rm alone leaves it:', os.path.exists(scratch))\n"
+              "remove_tree(__import__('pathlib').Path(scratch)); print('removed:', not os.path.exists(scratch))")
+    try:
+        done = subprocess.run([*plain, sys.executable, "-c", script, str(base), str(SOLUTIONS.parent)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.stdout.split("\n")[:2] == ["rm alone leaves it: True", "removed: True"], done
+    finally:
+        subprocess.run(["rm", "-rf", str(base)])
+
+
+def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp_path, capsys):
+    from moe_course.cli import main
+    from moe_course.course import budget
+
+    each = budget.submission_bytes(6144 * 2**20)
+    assert each == (6144 + 512 + 512) * 2**20  # the kernel's memory, its scratch tmpfs, /tmp and /dev/shm
+    budget.fits(3, 6144 * 2**20, machine_bytes=3 * each)
+    with pytest.raises(ValueError, match=r"^--jobs 4 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) = "
+                                         r"28672 MiB is more than this machine's 21504 MiB: lower --jobs to 3 or "
+                                         r"--memory-mb to 4352$"):
+        budget.fits(4, 6144 * 2**20, machine_bytes=3 * each)
+    jobs = budget.machine_memory_bytes() // each + 1  # one more than this machine holds
+    assert main(["course", "autograde", "01_vit", "--course-dir", str(tmp_path), "--jobs", str(jobs)]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith(f"moe-course course: error: --jobs {jobs} x (6144 MiB") and "\n" not in said, said
+
+
+def test_recorded_answers_are_read_only_within_bounds(tmp_path):
+    """A bzip2 or LZMA member is refused unread (its decoder inflates whole blocks); an error record is
+    size-capped before it is parsed. Peak memory measured with tracemalloc."""
+    import io
+    import tracemalloc
+    import zipfile
+
+    import numpy as np
+
+    from moe_course.course import verdict
+
+    wants = [(np.zeros(5),)]
+    array = io.BytesIO()
+    np.save(array, np.zeros(5))
+    for method, number in ((zipfile.ZIP_BZIP2, 12), (zipfile.ZIP_LZMA, 14)):
+        with zipfile.ZipFile(tmp_path / "double_tests.npz", "w", method) as archive:
+            archive.writestr("c0_0.npy", array.getvalue())
+        said = verdict.read_outputs(tmp_path, "double_tests", wants)
+        assert said == (f"double_tests: the recorded answers were not read: the file holds c0_0 compressed with zip "
+                        f"method {number}; only stored or deflate members are read (numpy.savez writes stored)")
+    with zipfile.ZipFile(tmp_path / "double_tests.npz", "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("c0_0.npy", array.getvalue())
+    assert np.array_equal(verdict.read_outputs(tmp_path, "double_tests", wants)[0][0], np.zeros(5))
+    (tmp_path / "double_tests.npz").unlink()
+    (tmp_path / "double_tests.json").write_text('{"error": [' + "[]," * 2**20 + "[]]}")
+    tracemalloc.start()
+    said = verdict.read_outputs(tmp_path, "double_tests", wants)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert said.startswith("double_tests: no answers were recorded") and peak < 2**16, (said, peak)
+    (tmp_path / "double_tests.json").write_text('{"error": "ValueError: no"}')
+    assert verdict.read_outputs(tmp_path, "double_tests", wants) == "double_tests: your function raised ValueError: no"
+
+
 def test_the_submission_folder_copied_into_the_sandbox_is_bounded(tmp_path, monkeypatch):
     from moe_course.course import sandbox
 

@@ -135,17 +135,17 @@ def test_export_lists_every_collected_submission_graded_or_not(tmp_path):
     assert rows["ann"]["sandbox"] == "bwrap" and rows["cy"]["error"] == "collected, never autograded"
 
 
-def test_a_python_and_package_under_tmp_stay_visible_in_the_sandbox(tmp_path, monkeypatch):
-    """The sandbox's fresh /tmp must not hide a Python or package that lives under /tmp (a CI clone's venv)."""
-    import subprocess
-
+def _sandbox_options(tmp_path, monkeypatch, hidden=()) -> tuple[list[str], dict]:
+    """bwrap and its mounts as the grading sandbox makes them (without the kernel command), around a stand-in
+    Python installation and package under ``tmp_path`` (which, like a CI clone, lives under /tmp); ``hidden``:
+    folder names of that Python hidden as SANDBOX_WITHOUT hides a package. Returns (options, paths)."""
     from moe_course.course import sandbox
 
     if sandbox.unavailable():
         pytest.skip(sandbox.unavailable())
     python, package = tmp_path / "venv", tmp_path / "clone" / "moe_course"
-    for folder in (python, package):
-        folder.mkdir(parents=True)
+    for folder in (python, package, *(python / name for name in hidden)):
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "marker").write_text(folder.name)
         folder.chmod(0o755)
     for parent in (tmp_path, tmp_path / "clone"):
@@ -161,10 +161,44 @@ def test_a_python_and_package_under_tmp_stay_visible_in_the_sandbox(tmp_path, mo
         folder.mkdir()
     (runtime / "marker").write_text("runtime")
     checks.write_text("checks")
+    refusal = tmp_path / "hidden.py"
+    refusal.write_text(sandbox.HIDDEN_INIT)
     argv = sandbox.bwrap_argv(home, home, connection, sockets, runtime=runtime, answers=answers, checks=checks,
-                              memory_bytes=2**30, cpu_seconds=10, file_size_bytes=2**20, env={})
-    options = argv[:argv.index("--")]  # bwrap and its mounts, without the kernel command
-    shown = subprocess.run([*options, "--", "/bin/cat", str(python / "marker"), str(package / "marker"),
-                            sandbox.CHECKS_INSIDE], capture_output=True, text=True, timeout=30)
+                              memory_bytes=2**30, cpu_seconds=10, file_size_bytes=2**20, env={},
+                              hidden=([python / name for name in hidden], refusal))
+    return argv[:argv.index("--")], {"python": python, "package": package, "home": home}
+
+
+def test_a_python_and_package_under_tmp_stay_visible_in_the_sandbox(tmp_path, monkeypatch):
+    """The sandbox's fresh /tmp must not hide a Python or package that lives under /tmp (a CI clone's venv)."""
+    import subprocess
+
+    from moe_course.course import sandbox
+
+    options, paths = _sandbox_options(tmp_path, monkeypatch)
+    shown = subprocess.run([*options, "--", "/bin/cat", str(paths["python"] / "marker"),
+                            str(paths["package"] / "marker"), sandbox.CHECKS_INSIDE],
+                           capture_output=True, text=True, timeout=30)
     # the runtime stands where the package is: the course library is not in the sandbox
     assert shown.returncode == 0 and shown.stdout == "venvruntimechecks", shown.stderr
+
+
+def test_only_sized_tmpfs_are_writable_in_the_sandbox(tmp_path, monkeypatch):
+    """The tmpfs bwrap builds / and /dev on, and the one hiding a package, are read-only (tmpfs pages belong to
+    no process: unsized, they were half the RAM each); /tmp and /dev/shm are the sizes the module says; no
+    user namespace can be made inside, where an unsized tmpfs could be mounted."""
+    import subprocess
+
+    from moe_course.course import sandbox
+
+    options, paths = _sandbox_options(tmp_path, monkeypatch, hidden=("jaxlike",))
+    folders = ["/", "/dev", str(paths["python"] / "jaxlike"), "/tmp", "/dev/shm", str(paths["home"])]
+    script = (f"for d in {' '.join(folders)}; do if echo x > $d/probe; then echo $d writable; else echo $d not; fi; "
+              "done 2>/dev/null; stat -f -c '%S %b' /tmp /dev/shm; if unshare -U true 2>/dev/null; then echo userns; fi")
+    shown = subprocess.run([*options, "--", "/bin/sh", "-c", script], capture_output=True, text=True, timeout=30)
+    lines = shown.stdout.splitlines()
+    assert lines[:6] == [f"{d} {'writable' if d in ('/tmp', '/dev/shm', str(paths['home'])) else 'not'}"
+                         for d in folders], shown
+    assert [int(block) * int(count) for block, count in map(str.split, lines[6:8])] == [sandbox.TMPFS_BYTES] * 2
+    assert "userns" not in lines or not sandbox._bwrap_offers("--disable-userns"), shown
+    assert sandbox.WRITABLE_TMPFS_BYTES == 2 * sandbox.TMPFS_BYTES

@@ -14,7 +14,13 @@ everything it starts are counted together:
 - ``mount_scratch``: the worker's scratch folder (the kernel's writable copy of the submission's folder, the
   answers folder, its sockets) as a tmpfs of ``SCRATCH_BYTES`` and ``SCRATCH_INODES``, mounted with util-linux
   ``mount`` in the worker's own mount namespace (``grade`` starts a root worker under ``unshare --mount``), so
-  that it disappears with the worker whatever happens. Root only.
+  that it disappears with the worker whatever happens. A root worker mounts it in the mount namespace the
+  batch starts it in; a worker that is not root first enters a user namespace of its own
+  (``own_scratch_command``: util-linux ``unshare --user --map-root-user --mount``), where it may mount a tmpfs,
+  so no grader ever shares its TMPDIR between submissions.
+- ``fits``: the batch starts only if ``--jobs`` submissions' worst case -- the kernel's memory limit, its
+  scratch and the sandbox's writable tmpfs, all of which can be held in RAM at once -- fits in this machine's
+  memory (``machine_memory_bytes``).
 """
 
 from __future__ import annotations
@@ -196,3 +202,71 @@ def cgroup_version() -> str | None:
         return None
     group.remove()
     return "v2" if group.folders[0].parent.joinpath("cgroup.controllers").exists() else "v1"
+
+
+def own_scratch_command(command: list[str]) -> list[str]:
+    """``command`` run in a user and mount namespace of its own, as root there (mapped to this process's uid),
+    so that a worker that is not root can mount its scratch tmpfs (``mount_scratch``)."""
+    return ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private", "--", *command]
+
+
+def can_own_scratch() -> bool:
+    """Whether this process (root or not) can give a worker a scratch tmpfs: mounted in a mount namespace of its
+    own (root) or in a user namespace of its own first (``own_scratch_command``). Tried once, in a namespace that
+    ends with the probe."""
+    if os.geteuid() == 0:
+        return can_mount_scratch()
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="moe-grade-probe-") as folder:
+        probe = own_scratch_command(["mount", "-t", "tmpfs", "-o", "size=1m", "moe-grade-probe", folder])
+        try:
+            return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+
+
+def machine_memory_bytes() -> int:
+    """The memory this grader may use (bytes): the machine's (``/proc/meminfo`` MemTotal), or the memory limit of
+    the cgroup it runs in where that is lower (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
+    total = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemTotal:"))) * 1024
+    own = _own_paths()
+    for point, kind, options in _mounts():
+        if kind == "cgroup2" and "" in own:
+            limit = Path(point) / own[""].lstrip("/") / "memory.max"
+        elif kind == "cgroup" and "memory" in options and "memory" in own:
+            limit = Path(point) / own["memory"].lstrip("/") / "memory.limit_in_bytes"
+        else:
+            continue
+        try:
+            value = limit.read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    return total
+
+
+def submission_bytes(memory_bytes: int, sandbox: bool = True) -> int:
+    """What one submission can hold in RAM at once (bytes): its kernel's memory limit ``memory_bytes``, its
+    scratch tmpfs (SCRATCH_BYTES) and, in the sandbox, its writable tmpfs (``sandbox.WRITABLE_TMPFS_BYTES``)."""
+    from moe_course.course.sandbox import WRITABLE_TMPFS_BYTES
+
+    return memory_bytes + SCRATCH_BYTES + (WRITABLE_TMPFS_BYTES if sandbox else 0)
+
+
+def fits(jobs: int, memory_bytes: int, sandbox: bool = True, machine_bytes: int | None = None) -> None:
+    """Check that ``jobs`` submissions graded at once fit in ``machine_bytes`` (default
+    ``machine_memory_bytes()``): ``submission_bytes`` each. Raises ValueError with one line naming the numbers
+    (MiB) otherwise. jobs < 1 is left to ``grade.autograde`` to refuse."""
+    if not isinstance(jobs, int) or jobs < 1:
+        return
+    machine = machine_memory_bytes() if machine_bytes is None else machine_bytes
+    each = submission_bytes(memory_bytes, sandbox)
+    if each * jobs > machine:
+        tmpfs = each - memory_bytes
+        raise ValueError(f"--jobs {jobs} x ({memory_bytes // 2**20} MiB --memory-mb + {tmpfs // 2**20} MiB of "
+                         f"tmpfs per submission) = {each * jobs // 2**20} MiB is more than this machine's "
+                         f"{machine // 2**20} MiB: lower --jobs to {max(1, machine // each)} or --memory-mb to "
+                         f"{max(0, (machine // jobs - tmpfs)) // 2**20}")

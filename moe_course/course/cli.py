@@ -74,7 +74,7 @@ def run(args) -> dict:
         import nbgrader  # noqa: F401
     except ImportError as err:
         raise ValueError(f"moe-course course needs nbgrader ({err}); install it with pip install -e \".[instructor]\"") from err
-    from moe_course.course import build, collect, grade
+    from moe_course.course import budget, build, collect, grade
 
     course_dir = Path(getattr(args, "course_dir", "."))
     command = args.course_command
@@ -92,6 +92,7 @@ def run(args) -> dict:
     if command == "autograde":
         limits = Limits(cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
                         memory_bytes=args.memory_mb * 2**20, output_bytes=args.max_output_mb * 2**20)
+        budget.fits(args.jobs, limits.memory_bytes, sandbox=not args.no_sandbox)  # before grading anything
         start = time.perf_counter()
         records = grade.autograde(course_dir, args.assignment, jobs=args.jobs, limits=limits,
                                   solutions_dir=Path(args.solutions), sandbox=not args.no_sandbox,

@@ -10,20 +10,27 @@ import ast
 import json
 from pathlib import Path
 
+from moe_course.course.bounded import NotebookTooLarge, read_notebook
+
 SUSPICIOUS_MODULES = {"ctypes", "gc", "builtins", "importlib", "inspect", "subprocess", "signal", "faulthandler",
                       "resource", "shutil", "socket", "sys", "os", "pathlib", "IPython", "unittest",
                       "_posixsubprocess", "multiprocessing", "threading", "traceback", "linecache"}
+MAX_SCANNED_CHARS = 2**20  # of a notebook's student code: answers are a few KB (the file is capped too)
+MAX_FLAG_CHARS = 120  # of the expression a flag quotes
 SUSPICIOUS_NAMES = {"get_ipython", "open", "exec", "eval", "compile", "setattr", "delattr", "__import__", "globals",
                     "vars", "__code__", "__builtins__", "__globals__", "sys.modules", "_exit", "exit", "quit"}
 
 
 def scan_source(source: str) -> list[str]:
     """Flags for one cell's code: imports of SUSPICIOUS_MODULES, uses of SUSPICIOUS_NAMES, assignments to
-    attributes of other objects (monkeypatching). A cell that does not parse is flagged as such."""
+    attributes of other objects (monkeypatching). A cell that does not parse is flagged as such, and so is
+    one nested too deep for Python's parser or ``ast.unparse`` (RecursionError)."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return ["does not parse"]
+    except (RecursionError, MemoryError):
+        return ["nested too deep to scan"]
     flags = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -35,7 +42,11 @@ def scan_source(source: str) -> list[str]:
             if node.attr in SUSPICIOUS_NAMES:
                 flags.add(f"uses .{node.attr}")
             if isinstance(node.ctx, (ast.Store, ast.Del)):
-                flags.add(f"assigns an attribute ({ast.unparse(node)})")
+                try:
+                    target = ast.unparse(node)
+                except RecursionError:
+                    target = "nested too deep to show"
+                flags.add(f"assigns an attribute ({target[:MAX_FLAG_CHARS]})")
     return sorted(flags)
 
 
@@ -47,12 +58,30 @@ def _students_code(cell: dict) -> bool:
 
 
 def scan_notebook(path: Path) -> list[str]:
-    """Flags for the code a student wrote in a submitted notebook (answer cells and added cells);
-    ["unreadable notebook"] if it is not one."""
+    """Flags for the code a student wrote in a submitted notebook (answer cells and added cells), within
+    bounds: the file is refused before parsing past ``bounded.MAX_NOTEBOOK_BYTES`` or
+    ``MAX_NOTEBOOK_CONTAINERS`` (["not scanned: <why, with the numbers>"]), and only the first
+    MAX_SCANNED_CHARS characters of its code are scanned (then "code past N characters not scanned" is added).
+    ["unreadable notebook"] if it is not a notebook (JSON nested too deep for the parser included)."""
     try:
-        cells = json.loads(Path(path).read_text())["cells"]
+        raw = read_notebook(Path(path))
+    except NotebookTooLarge as why:
+        return [f"not scanned: {why}"]
+    except OSError:
+        return ["unreadable notebook"]
+    try:
+        cells = json.loads(raw)["cells"]
         sources = ["".join(c["source"]) if isinstance(c["source"], list) else c["source"] for c in cells
                    if _students_code(c)]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        if not all(isinstance(s, str) for s in sources):
+            raise TypeError("a cell's source is not text")
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return ["unreadable notebook"]
-    return sorted({flag for source in sources for flag in scan_source(source)})
+    flags, scanned = set(), 0
+    for source in sources:
+        if scanned + len(source) > MAX_SCANNED_CHARS:
+            flags.add(f"code past {MAX_SCANNED_CHARS} characters not scanned")
+            break
+        scanned += len(source)
+        flags |= set(scan_source(source))
+    return sorted(flags)

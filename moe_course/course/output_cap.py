@@ -5,12 +5,18 @@ whose outputs (printed text, displays, results, errors) and widget (comm) messag
 is stopped there:
 ``OutputLimitError`` ends that submission's grading with status "failed" and that reason, and its kernel is
 shut down by nbclient as for any other failure.
+
+What the kernel sends where nobody reads cannot pile up here either: the client's stdin channel (the kernel's
+``input_request`` route; grading allows no input) is never connected while the kernel runs, so whatever is sent
+on it is dropped by the kernel's own socket (a ROUTER drops what it cannot route) instead of queueing, unread,
+in this process.
 """
 
 from __future__ import annotations
 
 import json
 
+from nbclient.util import ensure_async, run_hook, run_sync
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
 
@@ -44,3 +50,21 @@ class CappedExecute(Execute):
                 raise OutputLimitError(f"the notebook's output passed the limit of {self.output_bytes} bytes "
                                        f"(--max-output-mb); grading stopped at cell {cell_index}")
         return super().process_message(msg, cell, cell_index)
+
+    async def async_start_new_kernel_client(self):
+        """nbclient's kernel client for the started kernel (``self.kc``), with its shell, iopub, control and
+        heartbeat channels and no stdin channel (see the module docstring; jupyter_client connects one only
+        when ``stop_channels`` looks at it, after the kernel was shut down). A kernel that does not answer
+        within ``startup_timeout`` is cleaned up and the error raised, as nbclient does."""
+        self.kc = self.km.client()
+        try:
+            await ensure_async(self.kc.start_channels(stdin=False))
+            await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
+        except Exception:
+            await self._async_cleanup_kernel()
+            raise
+        self.kc.allow_stdin = False
+        await run_hook(self.on_notebook_start, notebook=self.nb)
+        return self.kc
+
+    start_new_kernel_client = run_sync(async_start_new_kernel_client)

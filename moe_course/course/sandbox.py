@@ -20,7 +20,12 @@ kernel in it) into the worker's private scratch folder and replaces itself with 
   package is installed or editable), the assignment's checks file (``/grading/checks.py``, read-only), the
   folder the hidden tests write their answers to (``/grading/answers``), the private writable copy of the
   submission's folder at the submission's own path, this kernel's connection file (read-only) and its
-  socket folder, a fresh ``/dev`` and ``/proc``, and ``/tmp`` and ``/dev/shm`` as tmpfs of TMPFS_BYTES each. The course folder, the gradebook, the
+  socket folder, a fresh ``/dev`` and ``/proc``, and ``/tmp`` and ``/dev/shm`` as tmpfs of TMPFS_BYTES each;
+  the tmpfs bwrap builds the root ``/`` on, the one under ``/dev`` and those that hide a package
+  (``hidden``, HIDDEN_TMPFS_BYTES) are read-only once the mounts are made, so none of them can be filled
+  (tmpfs pages belong to no process: only a size or a read-only mount bounds them), and the sandbox may create
+  no user namespace of its own (``--disable-userns``, bwrap 0.8+), in which it could mount an unsized one.
+  WRITABLE_TMPFS_BYTES is what all of them can hold together. The course folder, the gradebook, the
   solutions, ``.git``, other students, the grader's other sockets and connection files are not in it;
 - a cleared environment (only what the kernel needs) and limits set by ``prlimit`` (util-linux) before
   Python starts: address space, CPU seconds, file size, open files, processes (threads count) and no core.
@@ -32,6 +37,7 @@ worker (``output_cap.CappedExecute``) and the batch.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -47,6 +53,8 @@ SANDBOX_CHECKS_ENV = "MOE_COURSE_SANDBOX_CHECKS"  # set by the worker: the check
 SANDBOX_UID_ENV = "MOE_COURSE_SANDBOX_UID"  # set by a root grader: the host uid the kernel runs as
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
 TMPFS_BYTES = 256 * 2**20  # the sandbox's /tmp and /dev/shm, each
+HIDDEN_TMPFS_BYTES = 2**16  # a tmpfs that hides a package: one empty __init__.py bound on it, then read-only
+WRITABLE_TMPFS_BYTES = 2 * TMPFS_BYTES  # /tmp and /dev/shm; /, /dev and the hiding tmpfs are read-only
 MAX_COPY_DEPTH, MAX_COPY_ENTRIES = 32, 10_000  # of the submission's folder, copied into the sandbox
 KERNEL_OUTPUT = "kernel-output.log"  # in the scratch folder: the kernel's stdout and stderr
 MAX_PROCESSES = 512  # processes and threads of the kernel (XLA starts a thread pool per core)
@@ -154,13 +162,19 @@ def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: P
         argv += ["--ro-bind", str(folder), str(folder)]
     folders, refusal = hidden
     for folder in folders:
-        argv += ["--tmpfs", str(folder), "--ro-bind", str(refusal), str(folder / "__init__.py")]
+        argv += ["--size", str(HIDDEN_TMPFS_BYTES), "--tmpfs", str(folder),
+                 "--ro-bind", str(refusal), str(folder / "__init__.py"), "--remount-ro", str(folder)]
     package = package_folder()
     argv += ["--ro-bind", str(runtime), str(package),
              "--bind", str(answers), ANSWERS_INSIDE, "--ro-bind", str(checks), CHECKS_INSIDE,
              "--bind", str(sockets), str(sockets),
              "--ro-bind", str(connection_copy or connection_file), str(connection_file),
              "--bind", str(private_home), str(home), "--chdir", str(home)]
+    # Last, once every mount point exists: bwrap's own tmpfs under / and /dev read-only (not recursive: the
+    # binds and the sized tmpfs on them stay as they are).
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    if _bwrap_offers("--disable-userns"):
+        argv[1:1] = ["--unshare-user", "--disable-userns"]
     environment = {**env, "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "MPLCONFIGDIR": "/tmp",
                    "PYTHONPATH": str(package.parent), "PYTHONNOUSERSITE": "1",
                    ANSWERS_ENV: ANSWERS_INSIDE, CHECKS_ENV: CHECKS_INSIDE}
@@ -170,6 +184,17 @@ def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: P
              f"--nofile={MAX_OPEN_FILES}", f"--nproc={MAX_PROCESSES}", "--core=0", "--",
              sys.executable, "-m", "moe_course.course.kernel", "-f", str(connection_file)]
     return argv
+
+
+@functools.cache
+def _bwrap_offers(option: str) -> bool:
+    """Whether the installed ``bwrap`` knows ``option`` (its --help lists it; bubblewrap 0.8 added
+    --disable-userns)."""
+    try:
+        shown = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in shown.stdout + shown.stderr
 
 
 def package_folders(names) -> list[Path]:

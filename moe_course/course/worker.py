@@ -4,7 +4,9 @@ one per submission, in parallel, each with a wall-clock limit).
 The worker grades into its own copy of the master gradebook (``gradebooks/<assignment>/<student>.db``), so
 a crash, a kill or a hostile submission can only ever lose that one student's record, and parallel workers
 never write the same database. It writes ``gradebooks/<assignment>/<student>.json``: status ("graded" or
-"failed"), the error if any, seconds, score, max_score and the score of every grade cell. A failed
+"failed"), the error if any, seconds, score, max_score, the score of every grade cell and
+``worker_max_rss_mib``, the peak memory this process (outside the submission's cgroup) took. A notebook over
+``bounded``'s limits is not parsed at all: its row fails with the reason. A failed
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
 Command line: ``python -m moe_course.course.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import secrets
 import shutil
 import subprocess
@@ -30,6 +33,9 @@ from moe_course.course.kernel import KERNEL_NAME
 from moe_course.course.sandbox import MAX_PROCESSES, SANDBOX_CHECKS_ENV, SANDBOX_UID_ENV, SCRATCH_ENV
 from moe_course.course.verdict import VERDICTS_ENV
 
+NO_OWN_SCRATCH = ("this grader is not root and cannot create a user namespace, in which each submission gets a "
+                  "scratch tmpfs of its own; grading on the shared TMPDIR is refused (one submission could fill it "
+                  "for all): grade as root, or allow unprivileged user namespaces (bubblewrap needs them too)")
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
 # What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
 KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying to kernel_info")
@@ -62,13 +68,18 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     db.parent.mkdir(parents=True, exist_ok=True)
     result_path.with_suffix(".log").unlink(missing_ok=True)  # an earlier grading's failure
     start, seed = time.perf_counter(), secrets.randbits(31)
+    record = {"student": student, "assignment": assignment, "seed": seed}
+    if (too_large := oversized_notebook(course_dir, assignment, student)) is not None:
+        record.update(status="failed", error=f"not graded: {too_large}", score=0.0, max_score=None, cells={},
+                      seconds=round(time.perf_counter() - start, 2), worker_max_rss_mib=max_rss_mib())
+        result_path.write_text(json.dumps(record, indent=1))
+        return record
     for attempt in range(1, KERNEL_STARTS + 1):
         outcome = _autograde(course_dir, assignment, student, limits, db, seed)
         log = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
         if outcome["success"] or not any(sign in log for sign in KERNEL_START_FAILURES):
             break
-    record = {"student": student, "assignment": assignment, "seconds": round(time.perf_counter() - start, 2),
-              "seed": seed}
+    record["seconds"] = round(time.perf_counter() - start, 2)
     if outcome["success"]:
         failed = {grade_id: why for grade_id, why in outcome.get("verdicts", {}).items() if why is not None}
         record.update(status="graded", error="", **submission_scores(db, assignment, student), failed_checks=failed)
@@ -76,8 +87,31 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
         result_path.with_suffix(".log").write_text(log)
         error = summarise_error(log) + (f" (kernel started {attempt} times)" if attempt > 1 else "")
         record.update(status="failed", error=error, score=0.0, max_score=None, cells={})
+    record["worker_max_rss_mib"] = max_rss_mib()
     result_path.write_text(json.dumps(record, indent=1))
     return record
+
+
+def oversized_notebook(course_dir: Path, assignment: str, student: str) -> str | None:
+    """Why a notebook of the submission is too large to be parsed in this process (``bounded.read_notebook``:
+    bytes or JSON arrays and objects past the limits, with the numbers), or None. Checked before nbgrader reads
+    it: this process is outside the submission's cgroup."""
+    from moe_course.course.bounded import NotebookTooLarge, read_notebook
+
+    for notebook in sorted((course_paths(course_dir)["submitted"] / student / assignment).glob("*.ipynb")):
+        try:
+            read_notebook(notebook)
+        except NotebookTooLarge as why:
+            return str(why)
+        except OSError:
+            continue  # nbgrader says why it cannot read it
+    return None
+
+
+def max_rss_mib() -> float:
+    """The peak resident memory of this worker process so far (MiB; getrusage's ru_maxrss, KiB on Linux):
+    what grading this submission cost outside its cgroup."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int) -> dict:
@@ -88,8 +122,9 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     ``verdict.score_outside`` after the kernel ended), its stdout/stderr and (in the sandbox) its private copy
     of the submission's folder live in a scratch folder of this process's own, removed afterwards. Where the
     batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), the kernel runs in a cgroup of
-    its own where the host allows one, and that folder is a tmpfs of ``budget.SCRATCH_BYTES`` where the batch
-    found it can be mounted (``budget.SCRATCH_TMPFS_ENV``), both gone afterwards.
+    its own where the host allows one. The scratch folder is a tmpfs of ``budget.SCRATCH_BYTES`` wherever
+    ``budget.SCRATCH_TMPFS_ENV`` is set: by a root batch that found it can be mounted, or by ``main`` for a
+    worker that is not root (in its own user namespace); both are gone afterwards.
     The checks' inputs are drawn from ``seed`` (random per submission), so answers computed before grading
     match nothing. Returns nbgrader's result, with the verdicts ({grade_id: reason or None}) under "verdicts".
     """
@@ -101,11 +136,12 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
     scratch = Path(tempfile.mkdtemp(prefix="moe-grade-"))
-    cgroup = None
+    cgroup, mounted = None, False
     try:
+        if os.environ.get(SCRATCH_TMPFS_ENV):
+            mount_scratch(scratch)
+            mounted = True
         if uid is not None:
-            if os.environ.get(SCRATCH_TMPFS_ENV):
-                mount_scratch(scratch)
             scratch.chmod(0o711)  # the sandbox's uid reaches its own folders here, and lists none of them
             cgroup = Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
                                    processes=MAX_PROCESSES)
@@ -125,14 +161,18 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     finally:
         if cgroup is not None:
             cgroup.remove()
-        if uid is not None and os.environ.get(SCRATCH_TMPFS_ENV):
+        if mounted:
             subprocess.run(["umount", "--lazy", str(scratch)], capture_output=True)
         remove_tree(scratch)
 
 
 def remove_tree(folder: Path) -> None:
     """Remove ``folder`` and all it holds, however deep (coreutils ``rm``: a kernel may leave a tree thousands
-    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system."""
+    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system. Every
+    folder is first made readable, writable and searchable by its owner (coreutils ``chmod -R u+rwx``, which
+    changes a folder before it reads it and follows no link), so that a folder a submission set to mode 000 does
+    not keep its contents on the grader's disk when the grader is not root."""
+    subprocess.run(["chmod", "-R", "u+rwx", "--", str(folder)], capture_output=True)
     subprocess.run(["rm", "-rf", "--one-file-system", "--", str(folder)], capture_output=True)
 
 
@@ -152,11 +192,24 @@ def summarise_error(log: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s),
     output (bytes). Whatever goes wrong while grading, checking or cleaning up (a RecursionError, MemoryError
-    or OSError from what the submission left) ends as this student's "failed" record with the reason."""
-    course_dir, assignment, student, cell_timeout, memory, cpu, output = (sys.argv[1:] if argv is None else argv)
+    or OSError from what the submission left) ends as this student's "failed" record with the reason.
+
+    A worker that is not root, and not yet on a scratch tmpfs of its own, first re-runs itself in a user and
+    mount namespace of its own (``budget.own_scratch_command``), where it mounts one; where this host allows no
+    user namespace it does not grade on the shared TMPDIR but fails the row with the reason (NO_OWN_SCRATCH)."""
+    from moe_course.course import budget
+
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    course_dir, assignment, student, cell_timeout, memory, cpu, output = arguments
     limits = Limits(cell_timeout=int(cell_timeout), memory_bytes=int(memory), cpu_seconds=int(cpu),
                     output_bytes=int(output))
     try:
+        if os.geteuid() != 0 and not os.environ.get(budget.SCRATCH_TMPFS_ENV):
+            if not budget.can_own_scratch():
+                raise OSError(NO_OWN_SCRATCH)
+            os.environ[budget.SCRATCH_TMPFS_ENV] = "1"
+            command = budget.own_scratch_command([sys.executable, "-m", "moe_course.course.worker", *arguments])
+            os.execvp(command[0], command)
         record = grade_submission(Path(course_dir), assignment, student, limits)
     except Exception as error:  # RecursionError, MemoryError and OSError included
         record = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0,

@@ -13,7 +13,7 @@
 # is where the state lives. PyTorch keeps it inside objects (a global random generator, `.grad` fields filled
 # by `.backward()`, an optimizer that changes parameters in place); JAX passes it around explicitly (random
 # keys, gradients returned as values, optimizer states returned by a function). This chapter shows the six
-# things chapter 1 uses on its first page, each beside the PyTorch you would write for it:
+# things the chapters use from their first page on, each beside the PyTorch you would write for it:
 #
 # 1. arrays: `jax.numpy` is NumPy, with arrays that never change in place;
 # 2. random numbers: keys instead of `torch.manual_seed`, and `nnx.Rngs` that hands keys to layers;
@@ -67,8 +67,8 @@ assert float(x[0]) == 0.0 and float(y[0]) == 10.0
 # %% [markdown]
 # Why JAX insists: its transformations (`jit`, `grad`, below) work on *pure functions* -- functions whose
 # result depends only on their arguments and which change nothing outside. Arrays that never change make that
-# easy to keep; `x.at[...]` inside a compiled function still updates in place when XLA can prove nobody else
-# holds the old array.
+# easy to keep. It costs less than it looks: inside a compiled function (section 4) XLA turns `x.at[...].set`
+# into an update in place wherever the old array is not used again.
 #
 # ## 2. Random numbers: keys, not a global seed
 #
@@ -101,7 +101,7 @@ assert jnp.all(a == b) and not jnp.any(c == d) and not jnp.any(a == c)
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
-# Your first line says `a == b: True` and the other two `False`. A key is not a generator: it has no state to
+# The cell prints `a == b: True` and the other two `False`. A key is not a generator: it has no state to
 # advance, so drawing from the same key twice gives the same numbers, on any machine and for any seed. To get
 # new numbers you `split` a key into fresh ones, and each split key gives its own numbers (which also differ
 # from the parent's). Reusing a key where you meant a fresh draw is the classic JAX bug: two "random" things
@@ -121,7 +121,8 @@ assert jnp.all(a == b) and not jnp.any(c == d) and not jnp.any(a == c)
 rngs = nnx.Rngs(SEED)
 first, second = rngs.params(), rngs.params()  # two different keys, split off the `params` stream
 keys_differ = not bool(jnp.all(jax.random.key_data(first) == jax.random.key_data(second)))
-same_start = jnp.array_equal(MLP(4, 8, rngs=nnx.Rngs(SEED)).fc1.kernel[...], MLP(4, 8, rngs=nnx.Rngs(SEED)).fc1.kernel[...])
+twin_a, twin_b = MLP(4, 8, rngs=nnx.Rngs(SEED)), MLP(4, 8, rngs=nnx.Rngs(SEED))  # the course's MLP, section 3
+same_start = jnp.array_equal(twin_a.fc1.kernel[...], twin_b.fc1.kernel[...])
 print("two keys from one Rngs differ:", keys_differ, "| two MLPs built from nnx.Rngs(SEED) are equal:", bool(same_start))
 assert keys_differ and same_start
 
@@ -132,7 +133,7 @@ assert keys_differ and same_start
 # the forward pass is `__call__` (PyTorch: `forward`). Two differences: the constructor takes `rngs` to
 # initialise its parameters, and there is no `super().__init__()` to call. Here is the course's own MLP
 # (`moe_course.layers.MLP`, the transformer MLP every expert of the course is made of) next to its PyTorch twin
-# `moe_course.torch.layers.MLP`:
+# `moe_course.torch.layers.MLP` (both shortened a little):
 #
 # ```python
 # # Flax NNX (moe_course/layers/mlp.py)             # PyTorch (moe_course/torch/layers/mlp.py)
@@ -203,7 +204,8 @@ assert n_params == (4 * 8 + 8) + (8 * 4 + 4)
 # placeholder arrays that have a shape and a dtype but no values -- and hands the recorded operations to the
 # XLA compiler; later calls with the same shapes and dtypes run the compiled code without touching the Python.
 # So Python side effects, like a `print`, happen only while tracing. (`torch.compile` guards on shapes much the
-# same way, but falls back to running Python where it cannot trace; `jax.jit` never does.)
+# same way, but where it cannot trace it breaks the graph and runs that part as Python; `jax.jit` raises an
+# error instead.)
 
 # %% [markdown]
 # **Predict, then run.** The function below prints a line each time its Python body runs. The cell calls the
@@ -445,12 +447,14 @@ slider.observe(lambda change: figure_handle.update(fit_figure(change["new"])), n
 # This primer has no exercise notebook in `exercises/` (there is nothing to grade about the tools); check
 # yourself with these, in a new cell at the end of this notebook.
 #
-# 1. Build `MLP(width=4, hidden=8, rngs=nnx.Rngs(SEED))` twice and check that the two `fc1.kernel[...]` arrays
-#    are equal; then build the second from `nnx.Rngs(SEED + 1)`.
+# 1. A PyTorch `nn.Linear(3, 2)` holds `weight = jnp.arange(6.0).reshape(2, 3)` (out, in) and `bias = 0`. Put
+#    these weights into `layer = nnx.Linear(3, 2, rngs=nnx.Rngs(SEED))` with `[...]` and check that
+#    `layer(x)` equals `x @ weight.T` for a few inputs `x` of shape `(batch, 3)`.
 #    <details><summary>Answer</summary>
 #
-#    `jnp.array_equal(a.fc1.kernel[...], b.fc1.kernel[...])` is `True` for the same seed and `False` for
-#    another: the initial weights depend only on the keys `nnx.Rngs` hands out, never on what ran before.
+#    `layer.kernel[...] = weight.T` (the kernel is (in, out): transpose) and `layer.bias[...] = jnp.zeros(2)`;
+#    then `jnp.allclose(layer(x), x @ weight.T)` holds. Assigning `weight` itself fails: its shape (2, 3) is not
+#    the kernel's (3, 2) -- the mistake `moe_course.torch.convert` exists to avoid.
 #
 #    </details>
 # 2. Set a fresh MLP's `fc2.bias` to ones with `[...]` and check that the output moved by exactly one.

@@ -175,10 +175,11 @@ def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: in
     """Check that the sandbox checks files of the assignments ``names`` (all for None) hold no helper that
     answers any assignment's graded function: every module-level function of such a ``checks/NN_slug.py``
     without its references (``_sandbox_helpers``: what a submission can read, print into its feedback and
-    paste into another assignment) is refused when its name, leading underscores dropped, is a graded function's name in any
-    ``NN_slug.py`` (``graded_functions``), or when, called as the answer, it passes any assignment's check
-    on the inputs of ``seed`` (or one part of a check of several functions; ``_answered_parts``). Raises
-    ReleaseError naming, for every such helper, the file and the function or check it answers."""
+    paste into another assignment) is refused when its name, leading underscores dropped, is a graded
+    function's name in any ``NN_slug.py`` (``graded_functions``), or when, called as the answer, it passes any
+    assignment's check on the inputs of ``seed`` (or one part of a check of several functions;
+    ``_answered_parts``). Raises ReleaseError naming, for every such helper, the file and the function or
+    check it answers."""
     import functools
 
     from moe_course.course.answers import check_cases, load_checks

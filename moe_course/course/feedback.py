@@ -9,10 +9,10 @@ cleaned as a whole, where it is produced (``feedback_exporter``, so no unclean p
 
 * the body goes through nh3 (the Python binding of ammonia, a Rust allow-list sanitizer on html5ever) with
   ``TAGS`` and ``ATTRIBUTES`` only: no event handler, no ``<script>``, ``<style>``, ``<iframe>``, ``<object>``,
-  ``<embed>``, ``<form>``, ``<svg>``, ``<math>``, ``<meta>``, ``<link>`` or ``<base>`` (each is dropped, its text kept as
-  text); ``href`` only to an anchor of the page (``#...``); ``src`` only a ``data:`` URI of ``IMAGE_TYPES``
-  in base64; ``style`` attributes with ``STYLE_PROPERTIES`` only and none that holds ``url(``, ``image-set(``,
-  ``expression(`` or a CSS escape; ``width``/``height`` numbers only;
+  ``<embed>``, ``<form>``, ``<svg>``, ``<math>``, ``<meta>``, ``<link>`` or ``<base>`` (each is dropped, its
+  text kept as text); ``href`` only to an anchor of the page (``#...``); ``src`` only a ``data:`` URI of
+  ``IMAGE_TYPES`` in base64; ``style`` attributes with ``STYLE_PROPERTIES`` only and none that holds ``url(``,
+  ``image-set(``, ``expression(`` or a CSS escape; ``width``/``height`` numbers only;
 * the head is rebuilt: a Content-Security-Policy ``<meta>`` first (``CSP``: no script, no request of any kind,
   images only from ``data:``, inline styles), the charset, the title as text, and the template's own
   stylesheets (the course's styling) with every ``url(...)`` replaced by ``none`` and ``@import`` removed.
@@ -22,10 +22,11 @@ outputs of types the page does not show as themselves (JavaScript, widgets), eac
 
 Bounds (``cap_markup``, before the template runs): a markdown cell or a markdown, HTML or LaTeX output longer
 than ``MARKUP_CHARS`` characters, any such text once a notebook's total passes ``NOTEBOOK_MARKUP_CHARS``, and
-an image over ``IMAGE_CHARS`` base64 characters are replaced by a short notice (HTML parsing of deeply nested
-unclosed tags costs time quadratic in their number, in every HTML5 parser). Each student's page is made in a
-child process (``python -m moe_course.course.feedback``) watched by ``generate``: one that takes longer than
-its time limit is killed and gets a one-line "feedback skipped: ..." page; the others go on in a new child.
+an image over ``IMAGE_CHARS`` base64 characters are replaced by a short notice (parsing deeply nested unclosed
+tags takes time quadratic in their number: measured in html5lib, bleach's parser, and in html5ever, nh3's).
+Each student's page is made in a child process (``python -m moe_course.course.feedback``) watched by
+``generate``: one that takes longer than its time limit is killed and gets a one-line "feedback skipped: ..."
+page; the others go on in a new child.
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ def _notice(what: str, size: int, limit: int) -> str:
 def cap_markup(notebook, resources):
     """nbgrader preprocessor, before the template: replace every markdown cell, markdown/HTML/LaTeX output or
     image that is over its bound (module docstring) by a one-line notice, and every output type outside
-    ``SHOWN_TYPES`` (SVG, JavaScript, widgets) by a notice naming it."""
+    ``SHOWN_TYPES`` (SVG, JavaScript, widgets) by a notice naming it; the notebook's widget state (metadata the
+    template would dump into the page as text) is dropped."""
+    notebook.metadata.pop("widgets", None)
     total = 0
 
     def over(text, what: str) -> str | None:

@@ -26,8 +26,8 @@
 #    shows, BPR's advantage does not (three seeds each, recorded).
 #
 # The one model this chapter trains (a V-MoE on the digits, 1,200 steps of 128) takes about two minutes on two
-# CPU cores; it is checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads it
-# instead of training. The comparisons that need models trained to convergence (sections 1 and 6) read
+# CPU cores; it is checkpointed under `MOE_COURSE_WORKDIR` (default: `runs/` at the repository's root, where
+# `moe-course train` writes too): run the notebook again and it loads it instead of training. The comparisons that need models trained to convergence (sections 1 and 6) read
 # recorded runs, with the commands that made them.
 
 # %%
@@ -43,7 +43,7 @@ from moe_course.configs import get_preset
 from moe_course.data import ClutteredDigits, patches_on_box
 from moe_course.models import temporary_routing, vit_param_count, vmoe_param_count
 from moe_course.routing import CapacityRoundingWarning
-from moe_course.settings import chapter_seed
+from moe_course.settings import chapter_seed, runs_dir
 from moe_course.analysis import collect_routing, expert_class_weights, flops_per_image, token_served
 from moe_course.analysis.sweeps import RESULTS, read_runs, seed_lead, seed_spread, seed_table
 from moe_course.train import TrainConfig, evaluate, evaluate_routings, train
@@ -52,7 +52,7 @@ from moe_course.viz import show_dropped_patches, show_expert_class_heatmaps
 # Small groups make the integer buffer sizes round away from C; the chapter prints the capacities it uses.
 warnings.simplefilter("ignore", CapacityRoundingWarning)
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
-WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+WORKDIR = runs_dir()  # MOE_COURSE_WORKDIR, or runs/ at the repository's root
 SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: init, router noise and batch order of section 1's V-MoE
 digits = ClutteredDigits()
 
@@ -103,6 +103,7 @@ assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to th
 # and appends a line to the file read below; `python benchmarks/glyphs_table.py` prints every table of it).
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl, written by benchmarks/glyphs_sweep.py; nothing here trains
 glyph_runs = read_runs(RESULTS / "glyphs.jsonl")
 glyphs = seed_spread(glyph_runs)  # {kind: test accuracy over the seeds of the recipe runs}
 display(Markdown(seed_table([run for run in glyph_runs if run["kind"] in ("dense", "tc")])))
@@ -140,6 +141,7 @@ print(f"V-MoE minus dense over {len(seeds)} seeds: {moe_lead}")
 # reach 99% on the recipe and tie; with all 1,720 the V-MoE leads by 1.8 points, one seed).
 
 # %%
+# recorded runs: the claim above, checked on moe_course/results/glyphs.jsonl (the same for every learner)
 assert len(seeds) >= 8, moe_lead
 assert 1.0 <= recipe_flops["tc"] / recipe_flops["dense"] <= 1.05, recipe_flops
 assert moe_lead.spread.mean >= 0.02 and moe_lead.losses == 0 and moe_lead.wins >= 7, moe_lead
@@ -158,12 +160,17 @@ assert all(longer["tc", seed] > longer["dense", seed] for seed in both), longer
 # From here on we study *routing*, on the digits V-MoE above: trained for 1,200 steps of 128 images, about half its
 # recipe's 2,500. Its test accuracy depends on the seed and the machine: 0.87-0.90 in our runs (seeds 0-2 and
 # XLA limited to AVX2; `benchmarks/chapter_robustness.py`), against the recipe's 0.957.
+#
+# On a machine with few cores the training loop may warn that it is *input-bound*: it waited for the next batch
+# of canvases more than a tenth of the time. Nothing is wrong with the run -- its numbers do not depend on how
+# the batches are built -- it only trains slower. Where your computer has cores to spare, add
+# `data_workers=2` to the `train(...)` call below to draw the canvases in two worker processes.
 
 # %%
 CHAPTER_STEPS = 1200
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=128, learning_rate=1e-3, warmup_steps=100, log_every=50,
                          eval_every=0, checkpoint_every=CHAPTER_STEPS, seed=SEED)
-trained = train(moe_config, digits, run_config, workdir=os.path.join(WORKDIR, f"chapter03-vmoe-seed{SEED}"),
+trained = train(moe_config, digits, run_config, workdir=WORKDIR / f"chapter03-vmoe-seed{SEED}",
                 progress=False)
 print("V-MoE " + ("loaded from its checkpoint" if trained.resumed_from else f"trained in {trained.seconds:.0f} s"))
 moe_model = trained.model
@@ -188,6 +195,11 @@ assert moe_test["accuracy"] >= 0.75, moe_test  # most of what its recipe teaches
 # one fixed shuffled order, so that groups mix classes as the shuffled training batches did. (Evaluated in
 # stored order, this V-MoE loses about three points at C = 1.05 -- a trap for any class-sorted validation set.)
 
+# %% [markdown]
+# **Predict, then run.** The next cell evaluates the one trained V-MoE with both allocations at seven
+# capacity ratios, from 1.05 (what it was trained with) down to 0.1. Sketch the two curves before you run it:
+# where do they coincide, where do they part, and which falls faster as C shrinks?
+
 # %%
 CAPACITIES = (1.05, 0.9, 0.75, 0.5, 0.35, 0.25, 0.1)
 routings = [{"allocation": allocation, "capacity_ratio": c} for allocation in ("vanilla", "bpr") for c in CAPACITIES]
@@ -207,6 +219,17 @@ ax.set_ylabel("test accuracy (fraction correct)")
 ax.invert_xaxis()
 ax.grid(alpha=0.3)
 ax.legend(fontsize=8, loc="lower left");
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Near C = 1 the curves coincide: the buffers hold almost every choice, so the order in which they are filled
+# hardly matters. Below C = 0.5, with k = 2, the buffers cannot hold even every token's first choice; vanilla
+# routing then drops the last images of each group wholesale, whatever they contain, while BPR drops the tokens
+# the router is least sure about, so its curve falls more slowly. How far apart they end depends on your seed
+# and CPU (the claim below gives our range).
+#
+# </details>
 
 # %% [markdown]
 # **Claim (Fig. 7): BPR is clearly ahead of vanilla routing once C drops below 0.5**, where with k = 2 the
@@ -250,6 +273,20 @@ kept = {f"C = {c}": kept_in_first_moe_layer(examples["image"], "bpr", c) for c i
 show_dropped_patches(examples["image"], kept, moe_config.patch_size, titles=example_titles);
 
 # %% [markdown]
+# **Change one thing.** In the cell above, replace `"bpr"` by `"vanilla"` and run it again. Before you do: at
+# C = 0.25, which of the eight images will lose the most patches under vanilla routing -- and does that
+# depend on what the images show? Put `"bpr"` back afterwards (the cells below do not depend on it).
+#
+# <details><summary>Answer</summary>
+#
+# The eight images form one routing group, laid out image after image, and vanilla routing fills the buffers
+# in that order: the first images keep almost all their patches and the last ones lose most of theirs,
+# whatever their content -- chapter 2's picture, now with a trained router. BPR's drops follow the router's
+# confidence instead, and fall mostly on the background.
+#
+# </details>
+
+# %% [markdown]
 # Is BPR keeping the *digit*? Over the whole test split, compare the share of kept patches that overlap the
 # digit's box with the share of all patches that do, at C = 0.25 in the first MoE layer. (`collect_routing`
 # runs the model compiled, in batches, and returns every MoE layer's routing record.)
@@ -276,9 +313,21 @@ for allocation in ("vanilla", "bpr"):
 assert share["bpr"] > on_digit.mean(), share
 
 # %% [markdown]
-# The slider redraws the dropped patches for any C (BPR, first MoE layer). Moving it needs a live kernel; a
-# static copy of this notebook (a website, nbconvert, a notebook reopened without its kernel) shows the figure
-# at the slider's starting value, C = 0.25.
+# **Explore.** The slider below redraws the dropped patches for any C (BPR, first MoE layer). Move it down
+# from 1.5 to 0.05. From which C on does the first patch *on a digit* get dropped, and which kind of image
+# loses its digit patches first -- a thick digit, a thin one, or one with much clutter around it?
+#
+# Moving the slider needs a live kernel. On the website the figure stays at the slider's starting value,
+# C = 0.25. A notebook you saved and reopened shows "Error displaying widget: model not found" where the slider
+# was, above the figure as it was when you saved it: run the cell again to get a live slider back.
+#
+# <details><summary>What to look for</summary>
+#
+# At C near 1 almost nothing is dropped. As C falls, BPR drops the background first: patches of plain
+# canvas give the router little to be sure about. Digit patches go last, and the first ones to go are usually
+# on the edge of the digit's box or where clutter strokes cross the digit -- patches that look like neither.
+#
+# </details>
 
 # %%
 def dropped_figure(capacity_ratio):
@@ -312,6 +361,20 @@ show_expert_class_heatmaps(tables, [f"MoE layer in block {b} (specialisation {v:
                                     zip(moe_config.moe_blocks(), specialisation)], digits.class_names);
 
 # %% [markdown]
+# **Explain the plot.** In which panel do the rows (classes) look more alike, and why would a router in an
+# early block route by something other than the class? Find a class whose row stands out in the later layer:
+# which expert does it use most?
+#
+# <details><summary>Answer</summary>
+#
+# Early in the network a token holds little more than its own patch -- a stroke, an edge, background -- and
+# those look alike across classes, so its routing barely depends on the class. After a few blocks of
+# attention, tokens carry information about the whole digit, and the router can (and, to balance the work
+# among experts, often does) send different classes to different experts.
+#
+# </details>
+
+# %% [markdown]
 # **Claim (Fig. 8): the later MoE layer's routing depends more on the class than the earlier one's.**
 
 # %%
@@ -323,10 +386,24 @@ assert specialisation[-1] > specialisation[0], specialisation
 # k is not a weight either. App. E.4 of the paper evaluates models with a different k than they were trained
 # with. We keep C = 1.05, so the buffers grow with k.
 
+# %% [markdown]
+# **Predict, then run.** The model was trained with k = 2. Evaluated with k = 1, will its test accuracy drop,
+# and will its test *loss* rise? And with k = 3?
+
 # %%
 by_k = dict(zip((1, 2, 3), evaluate_routings(moe_model, digits, [{"k": k, "capacity_ratio": 1.05} for k in (1, 2, 3)])))
 for k, result in by_k.items():
     print(f"k = {k}: test accuracy {result['accuracy']:.3f}, test loss {result['loss']:.3f}")
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# With k = 1 every token loses its second expert, whose output the model learned to add in, so the loss
+# rises; the accuracy may fall by a point or two or hardly move, since an image's predicted class flips only
+# when its confidence falls far enough. With k = 3 the third expert's output is mixed in although training
+# never did that: the change is small and can go either way.
+#
+# </details>
 
 # %% [markdown]
 # **Claim: dropping to k = 1 costs a model trained with k = 2** (its second choices carried part of the
@@ -357,6 +434,7 @@ assert by_k[1]["loss"] > by_k[2]["loss"] + 0.02, by_k
 # --eval-every 1000`; each run is evaluated with the routing it was trained with).
 
 # %%
+# recorded runs: moe_course/results/glyphs.jsonl (the commands above); nothing here trains
 LOW_C = 0.25
 low_c_variants = {allocation: f"--capacity-ratio {LOW_C} --allocation {allocation}"
                   for allocation in ("vanilla", "bpr")}
@@ -395,6 +473,7 @@ print("validation accuracy gained in the last 1,000 steps: "
 # 2-expert, 49-token V-MoE-S/32.
 
 # %%
+# recorded runs: what the paragraph above says, checked on moe_course/results/glyphs.jsonl
 assert len(low_c_seeds) >= 3, low_c_runs
 assert all(gain <= 0.01 for gain in low_c_late_gain.values()), low_c_late_gain
 assert low_c_flops / recipe_runs["dense", 0]["flops"] <= 0.9, low_c_flops
@@ -451,3 +530,34 @@ if FULL_SCALE:
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_CHECKPOINTS, MOE_COURSE_DATA) "
           "to run it.")
+
+# %% [markdown]
+# ## Summary
+#
+# - You can build a V-MoE from a ViT (MoE layers in every other block) and match a dense model's compute to it
+#   with the shared analytic FLOP count.
+# - You can say when experts pay: on a task bound by parameters (digit-glyphs) rather than by data (the
+#   10-class digits), and why comparisons need models that have learned, over several seeds.
+# - You can change a trained model's routing -- allocation, capacity ratio, k -- without touching its
+#   weights, and predict how vanilla routing and BPR part as the capacity ratio falls.
+# - You can read which patches a router keeps and how its expert choices depend on the class, layer by layer.
+# - You know what App. C.3's "train with BPR at low capacity" claims, and what our recorded runs found.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/03_vmoe_bpr.ipynb](../exercises/03_vmoe_bpr.ipynb) EXERCISES_03
+#
+# Check your answers with `moe-course check exercises/03_vmoe_bpr.ipynb` from the repository's root (no
+# instructor tools needed); copy the notebook into `mywork/` first if you want to keep your work out of git.
+
+# %% [markdown]
+# ## References
+#
+# - Riquelme et al. 2021, *Scaling Vision with Sparse Mixture of Experts* (V-MoE),
+#   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2 (the V-MoE architecture), Sec. 4 and App. C
+#   (Batch Prioritized Routing, Algorithms 1-2, App. C.3 on training at low capacity), Fig. 5 (dropped
+#   patches), Fig. 7 (accuracy against the capacity ratio), Fig. 8 (routing by class), App. E.4 (changing k).
+# - Reference code and the released checkpoints of section 7:
+#   [google-research/vmoe](https://github.com/google-research/vmoe) (`vmoe/nn/routing.py`,
+#   `configs/vmoe_paper/`).

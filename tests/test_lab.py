@@ -55,16 +55,23 @@ def _wait_for_server(url: str, server: subprocess.Popen, timeout: float) -> None
     raise AssertionError(f"jupyter lab did not answer {url} within {timeout} s")
 
 
-def _stop(server: subprocess.Popen) -> None:
-    """End the server and the kernels it started: they share the session start_new_session gave it."""
+def _stop(server: subprocess.Popen, runtime: Path) -> None:
+    """End the server; on SIGTERM it shuts down the kernels it started (jupyter_client gives each its own
+    session). If it hangs, kill it and then its kernels, found by their connection files in ``runtime``."""
     try:
         os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=20)
+        server.wait(timeout=30)
     except ProcessLookupError:
-        pass  # it had already exited
+        return  # it had already exited
     except subprocess.TimeoutExpired:
         os.killpg(server.pid, signal.SIGKILL)
         server.wait()
+        for process in Path("/proc").glob("[0-9]*"):
+            try:
+                if str(runtime).encode() in (process / "cmdline").read_bytes():
+                    os.kill(int(process.name), signal.SIGKILL)
+            except OSError:
+                pass  # gone meanwhile, or not ours to read
 
 
 @pytest.fixture
@@ -101,7 +108,7 @@ def lab(tmp_path):
         except AssertionError as failure:
             raise AssertionError(f"{failure}\n--- jupyter lab's log:\n{log_path.read_text()[-4000:]}") from None
         finally:
-            _stop(server)
+            _stop(server, home / "runtime")
     # The Lab may save the paired .ipynb (autosave) and checkpoints beside it; the tracked .py stays as it was.
     assert (root / "chapters" / f"{CHAPTER}.py").read_bytes() == (ROOT / "chapters" / f"{CHAPTER}.py").read_bytes()
 

@@ -88,7 +88,8 @@ def test_chapter_pages_say_how_to_open_them_and_link_the_api_they_use(site):
     for chapter in CHAPTERS:
         page, text = _html(site, f"chapters/{chapter.stem}.html"), _text(site, f"chapters/{chapter.stem}.html")
         assert "Run this chapter yourself" in text, chapter.stem
-        assert "jupyter lab chapters/" in text and f"jupytext --to ipynb chapters/{chapter.stem}.py" in text
+        assert "start JupyterLab in the repository's folder" in text and "Open With -> Notebook" in text
+        assert f"jupytext --to ipynb chapters/{chapter.stem}.py" in text
         uses = course_site.library_uses(jupytext.read(chapter))
         assert uses, f"{chapter.stem} imports nothing from moe_course?"
         for entries in uses.values():

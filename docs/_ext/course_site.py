@@ -233,13 +233,14 @@ def chapter_cells(stem: str, notebook, executed: bool = True, repository: str = 
         f"Download: {downloads}.",
         *launch_links(repository, stem),
         "",
-        "In a clone of the repository, after the {doc}`/install`, start JupyterLab on the chapters:",
+        "In a clone of the repository, after the {doc}`/install`, start JupyterLab in the repository's folder "
+        "(its file browser then holds both `chapters/` and `exercises/`):",
         "",
         "```bash",
-        "jupyter lab chapters/",
+        "jupyter lab",
         "```",
         "",
-        f"then right-click `{stem}.py` in the file browser and choose *Open With -> Notebook*. Without "
+        f"then open `chapters/`, right-click `{stem}.py` and choose *Open With -> Notebook*. Without "
         f"JupyterLab, `jupytext --to ipynb {path}` writes a notebook for any Jupyter front end. "
         f"Sliders and other widgets move only there. Close it with *File -> Close and Shut Down Notebook*: a "
         f"closed tab keeps its kernel running, and reopening the chapter starts a second one. The library "
@@ -255,6 +256,7 @@ def chapter_cells(stem: str, notebook, executed: bool = True, repository: str = 
 
 
 EXECUTED_NOTE = "<!-- executed-note -->"
+EXERCISE_LINK = re.compile(r"\[([^\]]+)\]\(\.\./exercises/([\w.-]+\.ipynb)\)")  # [text](../exercises/NN.ipynb)
 
 
 def executed_note(executed: list[str], chapters: list[str]) -> str:
@@ -281,6 +283,10 @@ def add_chapter_cells(app, docname: str, source: list[str]) -> None:
     stem = docname.split("/", 1)[1]
     run, api = chapter_cells(stem, notebook, executed=stem in executed, repository=app.config.course_repository,
                              exercise=(REPO / "exercises" / f"{stem}.ipynb").is_file())
+    for cell in notebook.cells:  # the exercise link points into the repository; on the site, at its download
+        if cell.cell_type == "markdown":
+            cell.source = EXERCISE_LINK.sub(r'<a class="notebook-download" href="../_sources/exercises/\2" '
+                                            r'download>\1</a>', cell.source)
     first_markdown = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "markdown"), -1)
     notebook.cells.insert(first_markdown + 1, run)
     notebook.cells.append(api)

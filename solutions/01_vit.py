@@ -1,12 +1,14 @@
 # %% [markdown]
-# # Assignment 1: patches and attention by hand
+# # Assignment 1: from images to tokens and back
 #
-# Chapter 1 turned an image into tokens and let the tokens attend to each other. Here you write both pieces
-# yourself in NumPy, and the grader compares them with the course library (`moe_course`), which the ViT of
-# chapter 1 is built from. Replace every `raise NotImplementedError()` with your code; the visible tests
-# under each answer help you check your work, further tests are run when your notebook is graded.
+# Chapter 1 turned an image into tokens with the library. Here you write the patches and the patch embedding
+# yourself in NumPy, then the way back from patches to images, which the chapter never writes, and you
+# predict a shape before you compute it. The grader compares your functions with the course library
+# (`moe_course`), which the ViT of chapter 1 is built from. Replace every `raise NotImplementedError()` with
+# your code; the visible tests under each answer help you check your work, further tests are run when your
+# notebook is graded.
 #
-# Run `moe-course course validate 01_vit.ipynb` before you hand in.
+# Check your work with `moe-course check 01_vit.ipynb` (the visible tests, with the base install).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np
@@ -36,6 +38,7 @@ images = rng.normal(size=(2, 8, 8, 3))
 patches = patchify(images, 4)
 assert patches.shape == (2, 4, 48), f"expected shape (2, 4, 48), got {patches.shape}"
 assert np.array_equal(patches[0, 1], images[0, :4, 4:8].reshape(-1)), "patch 1 is the top-right 4x4 block"
+print("ok: patchify gives shape (2, 4, 48) and patch 1 is the top-right block")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.models.vit
 _answers.record("patchify_tests", patchify)
@@ -63,60 +66,60 @@ kernel = rng.normal(size=(4, 4, 3, 5))
 tokens = embed_patches(images, kernel, np.zeros(5), 4)
 assert tokens.shape == (2, 4, 5), f"expected shape (2, 4, 5), got {tokens.shape}"
 assert np.allclose(tokens[1, 2], np.einsum("ijc,ijcw->w", images[1, 4:8, :4], kernel)), "token 2 = bottom-left patch"
+print("ok: embed_patches gives shape (2, 4, 5) and token 2 is the bottom-left patch times the kernel")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.models.vit
 _answers.record("embed_tests", embed_patches)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Attention weights (3 points)
+# ## 3. Back from patches to images (3 points)
 #
-# Multi-head attention compares every query with every key: `attention_weights(q, k)` gets queries and keys
-# of shape `(batch, tokens, heads, head_dim)` and returns `softmax(q k^T / sqrt(head_dim))` per head, shape
-# `(batch, heads, query tokens, key tokens)`, the softmax taken over the keys. Subtract each row's maximum
-# before exponentiating, so that large scores do not overflow.
+# The chapter only goes one way. `unpatchify(patches, height, width, channels)` undoes `patchify`: it gets
+# patches `(batch, (height/p) * (width/p), p * p * channels)` in the order of task 1 and returns the images
+# `(batch, height, width, channels)`. The patch size `p` is not given: work it out from the shapes.
 
-# %% nbgrader={"grade": false, "grade_id": "weights_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def attention_weights(q, k):
+# %% nbgrader={"grade": false, "grade_id": "unpatchify_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def unpatchify(patches, height, width, channels):
     ### BEGIN SOLUTION
-    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
-    scores = scores - scores.max(axis=-1, keepdims=True)
-    weights = np.exp(scores)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    batch, count, size = patches.shape
+    p = int(round((size // channels) ** 0.5))
+    grid = patches.reshape(batch, height // p, width // p, p, p, channels)
+    return grid.transpose(0, 1, 3, 2, 4, 5).reshape(batch, height, width, channels)
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "weights_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-q, k = rng.normal(size=(2, 5, 3, 4)), rng.normal(size=(2, 6, 3, 4))
-weights = attention_weights(q, k)
-assert weights.shape == (2, 3, 5, 6), f"expected shape (2, 3, 5, 6), got {weights.shape}"
-assert np.allclose(weights.sum(axis=-1), 1.0), "each query's weights over the keys sum to 1"
-assert np.all(np.isfinite(attention_weights(1e4 * q, k))), "large scores must not overflow"
+# %% nbgrader={"grade": true, "grade_id": "unpatchify_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+wide = rng.normal(size=(2, 6, 9, 2))
+back = unpatchify(patchify(wide, 3), 6, 9, 2)
+assert back.shape == wide.shape, f"expected shape {wide.shape}, got {back.shape}"
+assert np.array_equal(back, wide), "unpatchify(patchify(images)) must give the images back"
+print("ok: unpatchify undoes patchify on a 6x9 image of 3x3 patches")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.layers.attention
-_answers.record("weights_tests", attention_weights)
+import moe_course.course.answers as _answers  # the grader inverts moe_course.models.vit.patchify
+_answers.record("unpatchify_tests", unpatchify)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. Attending (2 points)
+# ## 4. Predict, then run (2 points)
 #
-# `attend(weights, v)` mixes the values: weights `(batch, heads, query tokens, key tokens)` and values `v`
-# `(batch, key tokens, heads, head_dim)` give `(batch, query tokens, heads, head_dim)`, every query's output
-# the weighted sum of the values of all keys, in each head separately.
+# A batch of 8 images of 224 x 160 pixels (height x width) with 3 colour channels is cut into 16 x 16
+# patches. What shape does `patchify` return? Write your prediction as a tuple of three integers BEFORE you
+# run the check below; the check compares it with what your `patchify` computes, and grading with the
+# library's. (No code needed: work it out on paper.)
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_SHAPE = (batch, patches, values)`.
 
-# %% nbgrader={"grade": false, "grade_id": "attend_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def attend(weights, v):
-    ### BEGIN SOLUTION
-    return np.einsum("bhqk,bkhd->bqhd", weights, v)
-    ### END SOLUTION
+# %% nbgrader={"grade": false, "grade_id": "shape_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_SHAPE = (8, 140, 768)
+### END SOLUTION
 
-
-# %% nbgrader={"grade": true, "grade_id": "attend_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-v = rng.normal(size=(2, 6, 3, 4))
-out = attend(np.full((2, 3, 5, 6), 1 / 6), v)
-assert out.shape == (2, 5, 3, 4), f"expected shape (2, 5, 3, 4), got {out.shape}"
-assert np.allclose(out[0, 0], v[0].mean(axis=0)), "uniform weights average the values"
+# %% nbgrader={"grade": true, "grade_id": "shape_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+computed = patchify(np.zeros((8, 224, 160, 3)), 16).shape
+assert tuple(PREDICTED_SHAPE) == computed, f"you predicted {PREDICTED_SHAPE}, patchify computes {computed}"
+print(f"ok: predicted {tuple(PREDICTED_SHAPE)}, patchify computes {computed}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader mixes the values as moe_course.layers.attention does
-_answers.record("attend_tests", attend)
+import moe_course.course.answers as _answers  # the grader computes the shape with moe_course.models.vit
+_answers.record("shape_tests", lambda: tuple(PREDICTED_SHAPE))
 ### END HIDDEN TESTS

@@ -1,13 +1,14 @@
 # %% [markdown]
 # # Assignment 2: the sparse MoE layer's router, capacity, allocation and losses
 #
-# Chapter 2 built a sparse Mixture-of-Experts layer from its parts. You write five of them in NumPy:
-# TOP-k routing, the expert capacity, the vanilla allocation loop (V-MoE App. C, Algorithm 1), and the
-# importance and load losses (App. A.2). Shapes follow the library: `(groups, tokens, experts)` for router
+# Chapter 2 built a sparse Mixture-of-Experts layer from its parts. You write five pieces in NumPy: TOP-k
+# routing, the expert capacity, the importance and load losses (V-MoE App. A.2), and one allocation the
+# chapter does not write out, Experts Choice; then you predict what Experts Choice does with a router that
+# has learned nothing. Shapes follow the library: `(groups, tokens, experts)` for router
 # logits, `(groups, tokens, k)` for the choices. Replace every `raise NotImplementedError()`; the visible
 # tests help, further tests compare your functions with `moe_course.routing` when your notebook is graded.
 #
-# Run `moe-course course validate 02_moe_layer.ipynb` before you hand in.
+# Check your work with `moe-course check 02_moe_layer.ipynb` (the visible tests, with the base install).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math
@@ -39,6 +40,7 @@ index, gates = top_k_routing(np.log(np.array([[[0.1, 0.6, 0.3]]])), 2)
 assert index.tolist() == [[[1, 2]]], f"expected experts [1, 2], got {index.tolist()}"
 assert np.allclose(gates, [[[0.6, 0.3]]]), f"the gates are the probabilities themselves, got {gates}"
 assert top_k_routing(np.zeros((1, 1, 4)), 2)[0].tolist() == [[[0, 1]]], "ties go to the lower expert index"
+print("ok: top_k_routing keeps the softmax probabilities of the k largest, ties to the lower expert")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("topk_tests", top_k_routing)
@@ -62,43 +64,45 @@ def expert_capacity(k, tokens, capacity_ratio, num_experts):
 assert expert_capacity(2, 16, 1.0, 8) == 4
 assert expert_capacity(1, 10, 1.0, 4) == 3, "2.5 rounds up to 3"
 assert expert_capacity(1, 4, 0.1, 8) == 1, "at least one slot"
+print("ok: expert_capacity on 3 cases (plain, a half rounding up, at least one slot)")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("capacity_tests", expert_capacity)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Vanilla allocation (4 points)
+# ## 3. Experts Choice (4 points)
 #
-# Algorithm 1 of V-MoE fills the buffers in two nested loops: for i = 1..k, for every token in group order,
-# the token's TOP-i choice takes the next free slot of its expert, or is dropped when that expert's buffer
-# is full. `vanilla_slots(expert_index, capacity, num_experts)` returns, for every choice `(groups, tokens,
-# k)`, its slot `0..capacity-1` in its expert's buffer, or -1 when it was dropped. Write the loops.
+# The chapter's allocations let every TOKEN choose its experts and drop what does not fit. Experts Choice
+# routing (Zhou et al. 2022, [arXiv:2202.09368](https://arxiv.org/abs/2202.09368)) turns this around: every
+# EXPERT takes the `capacity` tokens of the group with the highest router probability for it, so no buffer
+# overflows, but a token may be taken by several experts or by none. `experts_choice(probs, capacity)` gets
+# router probabilities `(groups, tokens, experts)` and returns the slots `(groups, tokens, experts)`: where
+# token t sits in expert e's buffer (0 for the token with expert e's highest probability, 1 for the next,
+# ..., among equal probabilities the lower token index first), or -1 when expert e did not take token t.
+# Hint: sort each expert's tokens, then ask where each token ended up in that order.
 
-# %% nbgrader={"grade": false, "grade_id": "vanilla_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def vanilla_slots(expert_index, capacity, num_experts):
+# %% nbgrader={"grade": false, "grade_id": "experts_choice_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def experts_choice(probs, capacity):
     ### BEGIN SOLUTION
-    groups, tokens, k = expert_index.shape
-    slot = np.full(expert_index.shape, -1)
-    for g in range(groups):
-        fill = np.zeros(num_experts, int)
-        for i in range(k):
-            for t in range(tokens):
-                e = expert_index[g, t, i]
-                if fill[e] < capacity:
-                    slot[g, t, i] = fill[e]
-                    fill[e] += 1
-    return slot
+    per_expert = probs.transpose(0, 2, 1)
+    order = np.argsort(-per_expert, axis=-1, kind="stable")
+    place = np.argsort(order, axis=-1)
+    return np.where(place < capacity, place, -1).transpose(0, 2, 1)
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "vanilla_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-choices = np.array([[[0, 1], [0, 2], [0, 1]]])  # three tokens, k = 2
-slots = vanilla_slots(choices, 2, 3)
-assert slots.tolist() == [[[0, 0], [1, 0], [-1, 1]]], f"got {slots.tolist()}"
+# %% nbgrader={"grade": true, "grade_id": "experts_choice_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+probs = np.array([[[0.7, 0.3], [0.2, 0.8], [0.6, 0.4]]])  # 3 tokens, 2 experts
+slot = experts_choice(probs, 2)
+assert slot.shape == (1, 3, 2), f"expected shape (1, 3, 2), got {slot.shape}"
+assert slot.tolist() == [[[0, -1], [-1, 0], [1, 1]]], f"expert 0 takes tokens 0, 2, expert 1 1, 2: {slot.tolist()}"
+tied = experts_choice(np.full((1, 4, 2), 0.5), 2)
+assert tied.tolist() == [[[0, 0], [1, 1], [-1, -1], [-1, -1]]], f"ties: the lower token first; got {tied.tolist()}"
+print("ok: experts_choice puts each expert's top tokens in its slots, ties to the lower token")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
-_answers.record("vanilla_tests", vanilla_slots)
+_answers.record("experts_choice_tests", experts_choice)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -121,6 +125,7 @@ def importance_loss(logits):
 # %% nbgrader={"grade": true, "grade_id": "importance_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 assert abs(importance_loss(np.zeros((2, 5, 4)))) < 1e-12, "balanced probabilities: no loss"
 assert importance_loss(np.array([[[9.0, 0.0], [9.0, 0.0]]])) > 0.9, "one expert takes everything"
+print("ok: importance_loss is 0 when balanced and large when one expert takes everything")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("importance_tests", importance_loss)
@@ -150,7 +155,33 @@ def load_loss(logits, noisy_logits, k, sigma):
 clean = rng.normal(size=(2, 8, 4))
 value = load_loss(clean, clean + 0.25 * rng.normal(size=clean.shape), 2, 0.25)
 assert isinstance(value, float) and value >= 0.0, f"a non-negative float, got {value!r}"
+print(f"ok: load_loss returns a non-negative float ({value:.4f} here)")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("load_tests", load_loss)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 6. Predict, then run (2 points)
+#
+# A router that has learned nothing gives every token the same probability for every expert (all logits
+# equal). A group of 16 tokens is routed with Experts Choice over 4 experts, each taking `capacity = 4`
+# tokens. How many of the 16 tokens get NO expert at all? Write the number BEFORE you run the check, which
+# counts it with your `experts_choice`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_UNSERVED = your number`.
+
+# %% nbgrader={"grade": false, "grade_id": "unserved_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_UNSERVED = 12
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "unserved_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+uniform = np.full((1, 16, 4), 0.25)
+counted = int((experts_choice(uniform, 4) < 0).all(axis=-1).sum())
+assert PREDICTED_UNSERVED == counted, f"you predicted {PREDICTED_UNSERVED}, experts_choice leaves out {counted} tokens"
+print(f"ok: predicted {PREDICTED_UNSERVED} tokens without an expert; experts_choice leaves {counted}")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader counts with moe_course.routing
+_answers.record("unserved_tests", lambda: PREDICTED_UNSERVED)
 ### END HIDDEN TESTS

@@ -3,10 +3,11 @@
 #
 # When the expert buffers are too small for all choices (capacity ratio C < 1), vanilla routing drops the
 # choices of whichever tokens come last in the group. Batch Prioritized Routing (BPR, V-MoE Sec. 4.1,
-# App. C Algorithm 2) lets the tokens the router is most sure about go first. You write the priority order
-# and the BPR allocation in NumPy; the graded tests compare them with `moe_course.routing`.
+# App. C Algorithm 2) lets the tokens the router is most sure about go first. You write the priority order,
+# then say who BPR serves in another way than the chapter's loop, and predict how many choices it drops; the
+# graded tests compare your answers with `moe_course.routing`.
 #
-# Run `moe-course course validate 03_vmoe_bpr.ipynb` before you hand in.
+# Check your work with `moe-course check 03_vmoe_bpr.ipynb` (the visible tests, with the base install).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np
@@ -33,64 +34,66 @@ def priority_order(gates, score="max"):
 gates = np.array([[[0.2, 0.1], [0.5, 0.0], [0.2, 0.2]]])
 assert priority_order(gates, "max").tolist() == [[1, 0, 2]], "highest max gate first, ties in group order"
 assert priority_order(gates, "sum").tolist() == [[1, 2, 0]]
+print("ok: priority_order by max and by sum, ties in group order")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("priority_tests", priority_order)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 2. BPR allocation (4 points)
+# ## 2. Who BPR serves, without the loop (3 points)
 #
-# Algorithm 2: for i = 1..k, for every token in PRIORITY order, the token's TOP-i choice takes the next free
-# slot of its expert, or is dropped when the buffer is full. `bpr_slots(expert_index, gates, capacity,
-# num_experts, score)` returns each choice's slot `(groups, tokens, k)` in token order (not priority
-# order), -1 for a dropped choice. Use your `priority_order`.
+# Chapter 2 wrote BPR as a loop that fills the buffers one token at a time. For TOP-1 routing (k = 1) there
+# is a shorter way to say who gets a slot: a token is served exactly when fewer than `capacity` tokens of
+# its group chose the same expert AND come before it in priority order (a larger gate, or an equal gate and
+# a lower token index). `bpr_top1_served(expert_index, gates, capacity)` gets each token's expert and gate,
+# both `(groups, tokens)`, and returns a boolean `(groups, tokens)`: True where BPR serves the token. Write it
+# without a loop over tokens (hint: compare every token with every other token of its group).
 
-# %% nbgrader={"grade": false, "grade_id": "bpr_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def bpr_slots(expert_index, gates, capacity, num_experts, score="max"):
+# %% nbgrader={"grade": false, "grade_id": "served_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def bpr_top1_served(expert_index, gates, capacity):
     ### BEGIN SOLUTION
-    groups, tokens, k = expert_index.shape
-    order = priority_order(gates, score)
-    slot = np.full(expert_index.shape, -1)
-    for g in range(groups):
-        fill = np.zeros(num_experts, int)
-        for i in range(k):
-            for t in order[g]:
-                e = expert_index[g, t, i]
-                if fill[e] < capacity:
-                    slot[g, t, i] = fill[e]
-                    fill[e] += 1
-    return slot
+    tokens = expert_index.shape[1]
+    earlier = np.arange(tokens)[None, :, None] < np.arange(tokens)[None, None, :]  # [j, i]: j before i in the group
+    ahead = (gates[:, :, None] > gates[:, None, :]) | ((gates[:, :, None] == gates[:, None, :]) & earlier)
+    rivals = ahead & (expert_index[:, :, None] == expert_index[:, None, :])
+    return rivals.sum(axis=1) < capacity
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "bpr_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
-choices = np.array([[[0, 1], [0, 1], [0, 1]]])
-gates = np.array([[[0.4, 0.3], [0.7, 0.2], [0.5, 0.1]]])
-slots = bpr_slots(choices, gates, 2, 2)
-assert slots.tolist() == [[[-1, -1], [0, 0], [1, 1]]], f"token 0 has the lowest priority, got {slots.tolist()}"
+# %% nbgrader={"grade": true, "grade_id": "served_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+experts = np.array([[0, 0, 0, 1, 0]])
+gates = np.array([[0.4, 0.9, 0.4, 0.3, 0.5]])
+served = bpr_top1_served(experts, gates, 2)
+assert served.tolist() == [[False, True, False, True, True]], f"expert 0 serves tokens 1 and 4; got {served.tolist()}"
+assert bpr_top1_served(experts, gates, 3).tolist() == [[True, True, False, True, True]], "equal gates: token 0 first"
+print("ok: bpr_top1_served keeps each expert's highest gates, equal gates in group order")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
-_answers.record("bpr_tests", bpr_slots)
+_answers.record("served_tests", bpr_top1_served)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. What BPR buys (1 point)
+# ## 3. Predict, then run (2 points)
 #
-# `dropped_fraction(slots)` is the fraction of the TOP-1 choices (`slots[..., 0]`) that were dropped. With
-# the same routing and a small capacity, BPR drops as many TOP-1 choices as vanilla routing, but the ones it
-# drops belong to tokens with low gates. Compute it.
+# A group of 12 tokens is routed TOP-1 to 3 experts: 7 tokens choose expert 0, 3 choose expert 1 and 2
+# choose expert 2, with gates all different. Every buffer has `capacity = 4` slots. How many of the 12
+# choices does BPR drop? (And vanilla routing -- more, fewer, the same? Think about it; the graded number
+# is BPR's.) Write the number BEFORE you run the check, which counts it with your `bpr_top1_served`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_DROPPED = your number`.
 
 # %% nbgrader={"grade": false, "grade_id": "dropped_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def dropped_fraction(slots):
-    ### BEGIN SOLUTION
-    return float(np.mean(slots[..., 0] < 0))
-    ### END SOLUTION
+### BEGIN SOLUTION
+PREDICTED_DROPPED = 3
+### END SOLUTION
 
-
-# %% nbgrader={"grade": true, "grade_id": "dropped_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
-assert dropped_fraction(np.array([[[0, -1], [-1, -1], [1, 0], [-1, 2]]])) == 0.5
+# %% nbgrader={"grade": true, "grade_id": "dropped_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+routed = rng.permutation(np.array([0] * 7 + [1] * 3 + [2] * 2))[None]
+counted = int((~bpr_top1_served(routed, rng.random(size=(1, 12)), 4)).sum())
+assert PREDICTED_DROPPED == counted, f"you predicted {PREDICTED_DROPPED}, bpr_top1_served drops {counted}"
+print(f"ok: predicted {PREDICTED_DROPPED} dropped choices; bpr_top1_served drops {counted}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
-_answers.record("dropped_tests", dropped_fraction)
+import moe_course.course.answers as _answers  # the grader counts with moe_course.routing
+_answers.record("dropped_tests", lambda: PREDICTED_DROPPED)
 ### END HIDDEN TESTS

@@ -2,11 +2,11 @@
 # # Assignment 6: Mixture-of-Depths routing
 #
 # A Mixture-of-Depths block processes only the `round(C * P)` highest-scoring of an image's P tokens; the
-# others skip it. A-MoD (Gadhikar et al., Sec. 3) scores a token by the attention it received in the
-# previous block, with no router parameters. You write the capacity, both routing scores and the selection
-# in NumPy; the graded tests compare them with `moe_course.routing.mod`.
+# others skip it. You write the capacity and the selection in NumPy, then the gradient that reaches a
+# standard router's weights through the gate (which chapter 6 left to `jax.grad`), and predict how many patch
+# tokens a block processes; the graded tests compare your answers with `moe_course.routing.mod`.
 #
-# Run `moe-course course validate 06_mod.ipynb` before you hand in.
+# Check your work with `moe-course check 06_mod.ipynb` (the visible tests, with the base install).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np
@@ -14,40 +14,7 @@ import numpy as np
 rng = np.random.default_rng(0)
 
 # %% [markdown]
-# ## 1. Routing scores (3 points)
-#
-# Standard routing (A-MoD Eq. 1): a linear router, `r_i = x_i . w` for tokens `x` `(batch, tokens, width)`
-# and a weight vector `w` `(width,)`. Attention routing (Eq. 4): `r_i` is the attention token i receives,
-# averaged over the heads and the query rows of the previous block's maps `(batch, heads, queries, keys)`.
-# Both return `(batch, tokens)`.
-
-# %% nbgrader={"grade": false, "grade_id": "scores_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def standard_scores(x, w):
-    ### BEGIN SOLUTION
-    return x @ w
-    ### END SOLUTION
-
-
-def attention_scores(attention):
-    ### BEGIN SOLUTION
-    return attention.mean(axis=(1, 2))
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "scores_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
-maps = rng.random(size=(2, 3, 5, 5))
-maps = maps / maps.sum(axis=-1, keepdims=True)
-scores = attention_scores(maps)
-assert scores.shape == (2, 5), f"expected (2, 5), got {scores.shape}"
-assert np.allclose(scores.sum(axis=-1), 1.0), "an image's attention scores sum to 1"
-assert standard_scores(np.ones((1, 2, 3)), np.array([1.0, 2.0, 3.0])).tolist() == [[6.0, 6.0]]
-### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
-_answers.record("scores_tests", (standard_scores, attention_scores))
-### END HIDDEN TESTS
-
-# %% [markdown]
-# ## 2. Capacity (1 point)
+# ## 1. Capacity (1 point)
 #
 # `mod_capacity(tokens, capacity)`: how many tokens a block processes, `round(capacity * tokens)` with
 # Python's `round`, at least 1.
@@ -61,13 +28,14 @@ def mod_capacity(tokens, capacity):
 
 # %% nbgrader={"grade": true, "grade_id": "capacity_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 assert mod_capacity(64, 0.125) == 8 and mod_capacity(3, 0.1) == 1
+print("ok: mod_capacity on 2 cases (8 of 64; at least 1)")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
 _answers.record("capacity_tests", mod_capacity)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Selection (4 points)
+# ## 2. Selection (4 points)
 #
 # `mod_select(scores, capacity, keep_first)` returns `(index, processed)`: `index` `(batch, selected)` holds
 # the positions of the `mod_capacity(tokens, capacity)` highest-scoring tokens of every image IN ASCENDING
@@ -94,7 +62,77 @@ def mod_select(scores, capacity, keep_first=False):
 index, processed = mod_select(np.array([[0.1, 0.5, 0.2, 0.9]]), 0.5)
 assert index.tolist() == [[1, 3]] and processed.tolist() == [[False, True, False, True]], (index, processed)
 assert mod_select(np.array([[0.1, 0.5, 0.2, 0.9]]), 0.5, keep_first=True)[0].tolist() == [[0, 3]]
+print("ok: mod_select keeps the top tokens in ascending order, and token 0 with keep_first")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
 _answers.record("select_tests", mod_select)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. The router's gradient, by hand (4 points)
+#
+# Chapter 6 let `jax.grad` find that the router weights `w` get a gradient only through the gate. Here you
+# write that gradient yourself. With standard routing `r_i = x_i . w`, a block keeps the `mod_capacity`
+# highest-scoring tokens of each image (your `mod_select`, without `keep_first`); a kept token leaves the
+# block as `y_i = x_i + sigmoid(r_i) * u_i`, where `u_i` is the block's update of that token, and a skipped
+# token as `y_i = x_i`. `router_gradient(x, w, update, grad_out, capacity)` gets `x` and `update` `(batch,
+# tokens, width)`, `w` `(width,)` and `grad_out` `(batch, tokens, width)`, the gradient of the loss with
+# respect to `y`, and returns `dL/dw`, `(width,)`, summed over the batch. The update does not depend on `w`,
+# and which tokens are kept does not change under a small change of `w`.
+
+# %% nbgrader={"grade": false, "grade_id": "gradient_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+def router_gradient(x, w, update, grad_out, capacity):
+    ### BEGIN SOLUTION
+    r = x @ w
+    kept = mod_select(r, capacity)[1]
+    gate = 1.0 / (1.0 + np.exp(-r))
+    d_r = np.where(kept, (grad_out * update).sum(axis=-1) * gate * (1.0 - gate), 0.0)
+    return np.einsum("bt,btd->d", d_r, x)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "gradient_tests", "locked": true, "points": 4, "schema_version": 3, "solution": false, "task": false}
+x, update, grad_out = rng.normal(size=(3, 2, 8, 4))
+w = rng.normal(size=4)
+
+
+def loss(w):  # L = sum(y * grad_out): its gradient with respect to y is grad_out
+    r = x @ w
+    kept = mod_select(r, 0.5)[1]
+    return float(((x + np.where(kept, 1.0 / (1.0 + np.exp(-r)), 0.0)[..., None] * update) * grad_out).sum())
+
+
+numeric = np.array([(loss(w + 1e-6 * e) - loss(w - 1e-6 * e)) / 2e-6 for e in np.eye(4)])
+mine = router_gradient(x, w, update, grad_out, 0.5)
+assert mine.shape == (4,), f"expected shape (4,), got {np.shape(mine)}"
+assert np.allclose(mine, numeric, atol=1e-5), f"router_gradient {mine} differs from finite differences {numeric}"
+print("ok: router_gradient equals finite differences of the loss on 2 images of 8 tokens")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader compares with jax.grad through moe_course.routing.mod
+_answers.record("gradient_tests", router_gradient)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. Predict, then run (2 points)
+#
+# A ViT-B/16 at 224 x 224 pixels has 196 patch tokens plus the class token: P = 197. A Mixture-of-Depths block
+# with capacity C = 0.125 and `keep_first=True` (the class token always processed). How many PATCH tokens
+# (not counting the class token) does the block process per image? Write the number BEFORE you run the
+# check, which counts it with your `mod_select`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_PATCHES = your number`.
+
+# %% nbgrader={"grade": false, "grade_id": "patches_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_PATCHES = 24
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "patches_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+index, processed = mod_select(rng.random(size=(2, 197)), 0.125, keep_first=True)
+counted = int(processed[0, 1:].sum())
+assert PREDICTED_PATCHES == counted, f"you predicted {PREDICTED_PATCHES}, mod_select processes {counted} patch tokens"
+print(f"ok: predicted {PREDICTED_PATCHES} patch tokens; mod_select processes {counted} (and the class token)")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader counts with moe_course.routing.mod
+_answers.record("patches_tests", lambda: PREDICTED_PATCHES)
 ### END HIDDEN TESTS

@@ -8,11 +8,12 @@
 # there; a second all-to-all brings the outputs back to the devices that own the tokens.
 #
 # Here you simulate n devices in NumPy: an array whose FIRST axis is the device, `per_device[d]` being what
-# device d holds. You write the all-to-all, both exchanges of an MoE layer, where each expert lives, the
-# whole expert-parallel step, and the bytes it sends. The graded tests compare with `moe_course.parallel`,
-# whose exchange is `jax.lax.all_to_all` inside `jax.shard_map`.
+# device d holds. You write the all-to-all itself (chapter 7 uses the library's), both exchanges of an MoE
+# layer as one call of it each, where each expert lives, and the bytes a device sends on any mesh; then you
+# predict the traffic on a new mesh. The graded
+# tests compare with `moe_course.parallel`, whose exchange is `jax.lax.all_to_all` inside `jax.shard_map`.
 #
-# Run `moe-course course validate 07_scale.ipynb` before you hand in.
+# Check your work with `moe-course check 07_scale.ipynb` (the visible tests, with the base install).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np
@@ -58,6 +59,7 @@ try:
     raise AssertionError("3 rows do not split over 4 devices: expected a ValueError")
 except ValueError:
     pass
+print("ok: all_to_all on 2 and 4 devices, its inverse, and the ValueError")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with jax.lax.all_to_all
 _answers.record("all_to_all_tests", all_to_all)
@@ -96,6 +98,7 @@ inbox = to_experts(buffers)
 assert inbox.shape == (4, 8, 2, 3, 5), f"expected (4, 8, 2, 3, 5), got {inbox.shape}"
 assert np.array_equal(inbox[3, 2:4], buffers[1][:, 6:8]), "device 3 holds experts 6-7; device 1's groups in rows 2-3"
 assert np.array_equal(to_owners(inbox), buffers), "to_owners undoes to_experts"
+print("ok: to_experts sends each expert block to its device; to_owners brings it back")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.parallel
 _answers.record("exchange_tests", (to_experts, to_owners))
@@ -120,72 +123,73 @@ def expert_home(expert, num_experts, devices):
 # %% nbgrader={"grade": true, "grade_id": "home_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 assert [expert_home(e, 8, 4) for e in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
 assert expert_home(5, 8, 1) == 0 and expert_home(5, 8, 8) == 5
+print("ok: expert_home for 8 experts on 4, 1 and 8 devices")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.parallel
 _answers.record("home_tests", expert_home)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. The expert-parallel step (2 points)
-#
-# `expert_parallel(buffers, local_experts)` runs an MoE layer's experts with the all-to-all: the buffers
-# `(n, g, E, B, D)` go to the experts' devices (task 2); device j calls `local_experts(j, inbox_j)` on what it
-# received, `(n * g, E/n, B, D)`, which applies its own E/n experts and returns the same shape; the outputs go
-# back to the devices that own the tokens. Returns `(n, g, E, B, D)`: the same numbers as running every expert
-# on one device. (The gates and the combine step stay on the token's device, as in chapter 2.)
-
-# %% nbgrader={"grade": false, "grade_id": "parallel_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def expert_parallel(buffers, local_experts):
-    ### BEGIN SOLUTION
-    inbox = to_experts(buffers)
-    outbox = np.stack([np.asarray(local_experts(device, inbox[device])) for device in range(len(inbox))])
-    return to_owners(outbox)
-    ### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "parallel_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-scale = np.arange(1.0, 9.0)  # 8 experts; expert e multiplies its tokens by e + 1
-
-
-def scaling_experts(device, inbox):  # device j of 4 holds experts 2j and 2j + 1
-    return inbox * scale[2 * device:2 * device + 2][None, :, None, None]
-
-
-buffers = rng.normal(size=(4, 2, 8, 3, 5))
-assert np.allclose(expert_parallel(buffers, scaling_experts), buffers * scale[None, None, :, None, None])
-### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.layers.experts
-_answers.record("parallel_tests", expert_parallel)
-### END HIDDEN TESTS
-
-# %% [markdown]
-# ## 5. Bytes sent per device (2 points)
+# ## 4. Bytes sent per device, on any mesh (3 points)
 #
 # Every buffer is padded to B slots, full or not, so the traffic does not depend on the routing. In one
-# exchange a device keeps the block for its own experts and sends the other n - 1 blocks, each `g * (E/n) * B
-# * D` numbers; the forward pass of an MoE layer exchanges twice (there and back).
-# `all_to_all_bytes(groups_per_device, num_experts, capacity, dim, devices, itemsize=4)` returns the bytes one
-# device sends per MoE layer (`itemsize` bytes per number: 4 for float32).
+# exchange a device keeps the block for its own experts and sends the other blocks, one to each other device
+# of its expert axis; the forward pass of an MoE layer exchanges twice (there and back). On a mesh of `data x
+# expert` devices (`data` rows, `expert` devices per row), the `total_groups` routing groups of a batch are
+# split evenly over all the devices, the experts over the `expert` devices of a row, and a device exchanges
+# only with its own row. Every expert's buffer has `B = round(k * tokens_per_group * C / E)` slots (a half
+# rounds up; at least 1), as in assignment 2. `mesh_bytes(total_groups, tokens_per_group, num_experts, k,
+# capacity_ratio, dim, data, expert, itemsize=4)` returns the bytes ONE device sends per MoE layer
+# (`itemsize` bytes per number: 4 for float32). The counts divide evenly.
 
 # %% nbgrader={"grade": false, "grade_id": "bytes_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-def all_to_all_bytes(groups_per_device, num_experts, capacity, dim, devices, itemsize=4):
+def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
     ### BEGIN SOLUTION
-    per_block = groups_per_device * (num_experts // devices) * capacity * dim
-    return 2 * (devices - 1) * per_block * itemsize
+    capacity = max(1, int(np.floor(k * tokens_per_group * capacity_ratio / num_experts + 0.5 + 1e-9)))
+    groups_per_device = total_groups // (data * expert)
+    block = groups_per_device * (num_experts // expert) * capacity * dim
+    return 2 * (expert - 1) * block * itemsize
     ### END SOLUTION
 
 
-# %% nbgrader={"grade": true, "grade_id": "bytes_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-# Count it with the simulation: tag every number with the device that holds it, exchange, and count the numbers
-# that arrive from another device (there and back send the same amount).
+# %% nbgrader={"grade": true, "grade_id": "bytes_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
+# Count it with the simulation of one row of 4 devices, 2 groups each, 8 experts, B = round(2 * 12 * 1.0 / 8) = 3:
+# tag every number with the device that holds it, exchange, and count the numbers that arrive from another
+# device (there and back send the same amount).
 n, g, experts, capacity, width = 4, 2, 8, 3, 5
 source = np.broadcast_to(np.arange(n)[:, None, None, None, None], (n, g, experts, capacity, width))
 arrived = to_experts(source)
 counted = 4 * 2 * sum(int((arrived[d] != d).sum()) for d in range(n)) // n  # float32, 2 exchanges, per device
-formula = all_to_all_bytes(g, experts, capacity, width, n)
+formula = mesh_bytes(n * g, 12, experts, 2, 1.0, width, 1, n)
 assert formula == counted, f"formula {formula} bytes, counted in the simulation {counted} bytes"
-assert all_to_all_bytes(g, experts, capacity, width, 1) == 0, "one device sends nothing"
+assert mesh_bytes(2 * n * g, 12, experts, 2, 1.0, width, 2, n) == counted, "a second row adds no traffic per device"
+assert mesh_bytes(8, 12, experts, 2, 1.0, width, 8, 1) == 0, "without an expert axis nothing is sent"
+print(f"ok: mesh_bytes equals the {counted} bytes counted in the simulation, on 1 and 2 rows; 0 without an expert axis")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.parallel
-_answers.record("bytes_tests", all_to_all_bytes)
+_answers.record("bytes_tests", mesh_bytes)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. Predict, then run (2 points)
+#
+# A new mesh: the same layer (16 experts, groups of 64 tokens, k = 2, C = 1, width 64) runs on one row of 8
+# devices instead of 4, each device still holding 2 groups of images (so the batch doubles). By what factor
+# does the number of bytes EACH device sends per MoE layer change (8 devices' bytes divided by 4 devices'
+# bytes)? Write it (to 3 decimals) BEFORE you run the check, which computes it with your `mesh_bytes`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_RATIO = your number`.
+
+# %% nbgrader={"grade": false, "grade_id": "mesh_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_RATIO = 1.167
+### END SOLUTION
+
+# %% nbgrader={"grade": true, "grade_id": "mesh_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+computed = mesh_bytes(16, 64, 16, 2, 1.0, 64, 1, 8) / mesh_bytes(8, 64, 16, 2, 1.0, 64, 1, 4)
+assert abs(PREDICTED_RATIO - computed) < 1e-3, f"you predicted {PREDICTED_RATIO}, mesh_bytes gives {computed:.4f}"
+print(f"ok: predicted a factor {PREDICTED_RATIO}, mesh_bytes gives {computed:.4f}")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader computes it with moe_course.parallel
+_answers.record("mesh_tests", lambda: PREDICTED_RATIO)
 ### END HIDDEN TESTS

@@ -2,9 +2,8 @@
 
 Runs in two places: in the grading sandbox (only ``cases`` and ``call``: the inputs, drawn from the grading
 seed, with NumPy alone) and in the grader (``reference``, with the library: ``moe_course.models.vit`` for the
-patches and the patch embedding, ``moe_course.layers.attention`` for the attention weights and the mixing of
-the values). The sandbox gets this file without the references (``moe_course.course.inputs``). See
-``moe_course.course.answers``.
+patches, the patch embedding, the way back to images and the predicted shape). The sandbox gets this file
+without the references (``moe_course.course.inputs``). See ``moe_course.course.answers``.
 """
 
 import numpy as np
@@ -51,38 +50,44 @@ def _embed(images, kernel, bias, patch_size):
     return np.asarray(layer(jnp.asarray(images)))
 
 
-# 3. attention_weights: as many queries as keys, and fewer queries than keys. (That large scores do not
-# overflow is the visible test's job: its assert stops the cell before the answers are recorded.)
-def _weights_cases(rng):
-    return [(_normal(rng, 3, 7, 2, 8), _normal(rng, 3, 7, 2, 8)), (_normal(rng, 2, 5, 3, 4), _normal(rng, 2, 6, 3, 4))]
-
-
-def _weights(q, k):
-    from moe_course.layers.attention import attention_weights
-
-    return np.asarray(attention_weights(q, k))
-
-
-# 4. attend: weights drawn as random rows that sum to 1 (Dirichlet draws: nothing here computes attention
-# weights, which an answer could otherwise call) and values v, also with fewer queries than keys; the reference
-# mixes them as the library's MultiHeadAttention does when it returns its maps (moe_course.layers.attention).
-def _attend_cases(rng):
+# 3. unpatchify: square and non-square images, p = 1, 2 and 3 (the answer works p out from the shapes). The
+# reference inverts the library's patchify: it patchifies an image of pixel numbers, which says where every
+# patch value comes from. Only values move, so the images must equal the reference exactly.
+def _unpatchify_cases(rng):
     cases = []
-    for batch, queries, keys, heads, dim in ((2, 5, 5, 2, 4), (2, 4, 6, 3, 5)):
-        weights = rng.dirichlet(np.ones(keys), size=(batch, heads, queries)).astype(np.float32)
-        cases.append((weights, _normal(rng, batch, keys, heads, dim)))
+    for batch, height, width, channels, p in ((2, 6, 9, 2, 3), (1, 8, 4, 3, 2), (3, 5, 7, 1, 1), (2, 12, 12, 3, 4)):
+        cases.append((_normal(rng, batch, (height // p) * (width // p), p * p * channels), height, width, channels))
     return cases
 
 
-def _attend(weights, v):
+def _unpatchify(patches, height, width, channels):
     import jax.numpy as jnp
 
-    return np.asarray(jnp.einsum("bhqk,bkhd->bqhd", weights, v))
+    from moe_course.models.vit import patchify
+
+    batch, count, size = patches.shape
+    p = {q for q in range(1, min(height, width) + 1) if q * q * channels == size}.pop()
+    pixel = jnp.arange(height * width * channels).reshape(1, height, width, channels)
+    source = np.asarray(patchify(pixel, p)).reshape(-1)  # the pixel each patch value comes from
+    images = np.empty((batch, height * width * channels), patches.dtype)
+    images[:, source] = patches.reshape(batch, -1)
+    return images.reshape(batch, height, width, channels)
+
+
+# 4. the predicted shape of 8 images of 224 x 160 pixels, 3 channels, cut into 16 x 16 patches: no inputs
+# (the question is fixed); the reference is the shape the library's patchify returns.
+def _shape(*_):
+    import jax
+    import jax.numpy as jnp
+
+    from moe_course.models.vit import patchify
+
+    return tuple(jax.eval_shape(lambda x: patchify(x, 16), jax.ShapeDtypeStruct((8, 224, 160, 3), jnp.float32)).shape)
 
 
 CHECKS = {
     "patchify_tests": Check(_patchify_cases, _patchify, exact=True),
     "embed_tests": Check(_embed_cases, _embed, rtol=1e-4, atol=1e-5),
-    "weights_tests": Check(_weights_cases, _weights, rtol=1e-4, atol=1e-6),
-    "attend_tests": Check(_attend_cases, _attend, rtol=1e-4, atol=1e-5),
+    "unpatchify_tests": Check(_unpatchify_cases, _unpatchify, exact=True),
+    "shape_tests": Check(lambda rng: [()], _shape, exact=True),
 }

@@ -36,18 +36,32 @@ def _capacity_cases(rng):
     return [(k, t, c, e) for k in (1, 2) for t in tokens for c in (0.25, 0.5, 1.05, 1.5) for e in (2, 4, 8) if k <= e]
 
 
-def _vanilla_cases(rng):  # k distinct experts per token, as TOP-k chooses them
-    return [(np.argsort(rng.normal(size=(3, 12, 4)), axis=-1)[..., :k], capacity, 4)
-            for k, capacity in ((1, 2), (2, 3), (2, 1), (3, 5))]
+def _softmax(logits):
+    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def _vanilla(expert_index, capacity, num_experts):
-    import jax.numpy as jnp
+def _experts_choice_cases(rng):
+    # router probabilities as the softmax of random logits; capacities from 1 to all tokens; and logits on a
+    # coarse grid, where many tokens have exactly equal probabilities (ties: the lower token index first)
+    cases = [(_softmax(rng.normal(size=(2, 10, 4))), capacity) for capacity in (1, 3, 10)]
+    return cases + [(_softmax(np.round(rng.normal(size=(3, 8, 3)), 0)), 4)]
 
-    from moe_course.routing import vanilla_allocation
 
-    gates = jnp.ones(expert_index.shape, jnp.float32)  # the slots do not depend on the gates
-    return np.asarray(vanilla_allocation(jnp.asarray(expert_index), gates, capacity, num_experts).slot)
+def _experts_choice(probs, capacity):
+    """The slot of every (token, expert): ``experts_choice_as_allocation`` of the library's choice."""
+    from moe_course.routing import experts_choice_allocation, experts_choice_as_allocation
+
+    choice = experts_choice_allocation(probs, capacity)
+    return np.asarray(experts_choice_as_allocation(choice, probs.shape[1]).slot)
+
+
+def _unserved():
+    """Tokens of 16 that no expert takes when all probabilities are equal (4 experts, capacity 4)."""
+    from moe_course.routing import experts_choice_allocation
+
+    taken = np.asarray(experts_choice_allocation(np.full((1, 16, 4), 0.25, np.float32), 4).token_index)
+    return 16 - len(np.unique(taken))
 
 
 def _importance(logits):
@@ -73,8 +87,9 @@ def _load(logits, noisy_logits, k, sigma):
 CHECKS = {
     "topk_tests": Check(_topk_cases, _top_k, rtol=1e-5, atol=1e-6),
     "capacity_tests": Check(_capacity_cases, _capacity, exact=True, scalar=True),
-    "vanilla_tests": Check(_vanilla_cases, _vanilla, exact=True),
+    "experts_choice_tests": Check(_experts_choice_cases, _experts_choice, exact=True),
     "importance_tests": Check(lambda rng: [(rng.normal(scale=s, size=(3, 10, 6)).astype(np.float32),)
                                            for s in (0.5, 2.0)], _importance, rtol=1e-4, atol=0.0, scalar=True),
     "load_tests": Check(_load_cases, _load, rtol=2e-3, atol=1e-6, scalar=True),
+    "unserved_tests": Check(lambda rng: [()], _unserved, exact=True, scalar=True),  # a prediction: no inputs
 }

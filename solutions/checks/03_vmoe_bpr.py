@@ -1,5 +1,6 @@
 """Checks of assignment 03 (Batch Prioritized Routing): the inputs each answer is called on, and the course
-library's reference (``moe_course.routing.batch_prioritized_allocation``).
+library's reference (``moe_course.routing.batch_prioritized_allocation``; ``dropped_tests`` checks a predicted
+number, with no inputs).
 
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
 NumPy alone) and in the grader (``reference``, with the library). See ``moe_course.course.answers``.
@@ -55,48 +56,37 @@ def _priority(gates, score):
     return np.argsort(np.asarray(rank), axis=1)
 
 
-def _bpr_cases(rng):
+def _served_cases(rng):
+    # TOP-1 routings (each token's expert and gate, (groups, tokens)) as top_k_routing makes them, with tight
+    # and loose capacities; and gates on a grid of eighths, where equal gates decide who is dropped
     cases = []
-    for k, capacity, score in ((1, 2, "max"), (2, 3, "max"), (2, 2, "sum"), (3, 4, "max")):
-        expert_index, gates = _routing(rng, (2, 14, k), 5)
-        cases.append((expert_index, gates, capacity, 5, score))
-    for score in ("max", "sum"):  # equal scores decide who is dropped: group order
-        expert_index, gates = _tied_routing(rng, (2, 12, 2), 4)
-        cases.append((expert_index, gates, 2, 4, score))
-    return cases
+    for capacity in (1, 3, 6):
+        expert_index, gates = _routing(rng, (2, 14, 1), 5)
+        cases.append((expert_index[..., 0], gates[..., 0], capacity))
+    expert_index, gates = _tied_routing(rng, (3, 12, 1), 3)
+    return cases + [(expert_index[..., 0], gates[..., 0], 2)]
 
 
-def _bpr(expert_index, gates, capacity, num_experts, score):
+def _served(expert_index, gates, capacity):
+    """BPR's served mask of the TOP-1 choices (``batch_prioritized_allocation`` with k = 1)."""
     import jax.numpy as jnp
 
     from moe_course.routing import batch_prioritized_allocation
 
-    allocation = batch_prioritized_allocation(jnp.asarray(expert_index), jnp.asarray(gates), capacity, num_experts,
-                                              score=score)
-    return np.asarray(allocation.slot)
+    allocation = batch_prioritized_allocation(jnp.asarray(expert_index)[..., None], jnp.asarray(gates)[..., None],
+                                              capacity, int(expert_index.max()) + 1)
+    return np.asarray(allocation.served[..., 0])
 
 
-def _dropped_cases(rng):
-    # Slots as an allocation leaves them, -1 (dropped) or a place in the buffer, drawn directly: nothing here
-    # allocates, which an answer could otherwise call. k = 1 as the old hidden test; with k = 2 only the TOP-1
-    # column counts.
-    return [(rng.integers(-1, capacity, size=(groups, tokens, k)).astype(np.int32),)
-            for groups, tokens, k, capacity in ((4, 16, 1, 2), (4, 16, 2, 3), (3, 10, 2, 1))]
-
-
-def _dropped(slots):
-    """1 - the served fraction of the TOP-1 choices, by ``Allocation.served`` (slot >= 0)."""
-    import jax.numpy as jnp
-
-    from moe_course.routing import Allocation
-
-    allocation = Allocation(jnp.zeros(slots.shape, jnp.int32), jnp.ones(slots.shape, jnp.float32),
-                            jnp.asarray(slots), None, 1, 1)
-    return float(1.0 - np.asarray(allocation.served[..., 0], np.float64).mean())
+def _dropped():
+    """The choices BPR drops when 7, 3 and 2 of 12 tokens choose experts 0, 1 and 2 (capacity 4)."""
+    expert_index = np.array([[0] * 7 + [1] * 3 + [2] * 2], np.int32)
+    gates = np.linspace(0.9, 0.35, 12, dtype=np.float32)[None]
+    return int((~_served(expert_index, gates, 4)).sum())
 
 
 CHECKS = {
     "priority_tests": Check(_priority_cases, _priority, exact=True),
-    "bpr_tests": Check(_bpr_cases, _bpr, exact=True),
-    "dropped_tests": Check(_dropped_cases, _dropped, rtol=0.0, atol=1e-9, scalar=True),
+    "served_tests": Check(_served_cases, _served, exact=True),
+    "dropped_tests": Check(lambda rng: [()], _dropped, exact=True, scalar=True),  # a prediction: no inputs
 }

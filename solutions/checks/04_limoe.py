@@ -2,7 +2,8 @@
 
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
 NumPy alone) and in the grader (``reference``, with the library: ``moe_course.routing.entropy`` for the
-entropy losses, ``moe_course.train.contrastive`` for the contrastive loss). See ``moe_course.course.answers``.
+entropy losses and the predicted value, ``moe_course.routing.losses`` for the z-loss). See
+``moe_course.course.answers``.
 """
 
 import numpy as np
@@ -66,26 +67,38 @@ def _global(logits, mask, tau):
     return float(global_entropy_loss(jnp.asarray(logits), jnp.asarray(mask), tau=tau))
 
 
-# 4. contrastive_loss: six L2-normalised random pairs in 5 dimensions, at the temperature the course's LIMoE starts
-# from (logit scale 10) and at log_temperature 0.5.
-def _contrastive_cases(rng):
-    image, text = rng.normal(size=(6, 5)), rng.normal(size=(6, 5))
-    image = (image / np.linalg.norm(image, axis=1, keepdims=True)).astype(np.float32)
-    text = (text / np.linalg.norm(text, axis=1, keepdims=True)).astype(np.float32)
-    return [(image, text, float(np.log(10.0))), (image, text, 0.5)]
+# 4. router_z_loss: the local loss's masks (a group without tokens of the modality, unequal counts), logits
+# large enough that exp overflows float32 without the shift (an answer must subtract the maximum), and a mask
+# that selects nothing (0).
+def _z_cases(rng):
+    logits = (3 * rng.normal(size=(3, 8, 5))).astype(np.float32)
+    mask = rng.random(size=(3, 8)) < np.array([[0.3], [0.5], [0.8]])
+    mask[[0, 2], rng.integers(8, size=2)] = True
+    mask[1] = False
+    large = (100 + 5 * rng.normal(size=(2, 6, 4))).astype(np.float32)
+    return [(logits, mask), (large, np.ones((2, 6), bool)), (logits, np.zeros((3, 8), bool))]
 
 
-def _contrastive(image, text, log_temperature):
+def _z(logits, mask):
     import jax.numpy as jnp
 
-    from moe_course.train.contrastive import contrastive_loss
+    from moe_course.routing.losses import router_z_loss
 
-    return float(contrastive_loss(jnp.asarray(image), jnp.asarray(text), jnp.float32(log_temperature))[0])
+    return float(router_z_loss(jnp.asarray(logits), jnp.asarray(mask)))
+
+
+# 5. the predicted thresholded global loss (tau = log 4) of 8 text tokens split, with certainty, over 2 of 8
+# experts: no inputs (the question is fixed); the reference is the library's loss on such logits.
+def _global_prediction():
+    logits = np.zeros((1, 8, 8), np.float32)
+    logits[0, :4, 0] = logits[0, 4:, 1] = 50.0
+    return _global(logits, np.ones((1, 8), bool), float(np.log(4)))
 
 
 CHECKS = {
     "entropy_tests": Check(_entropy_cases, _entropy, rtol=1e-4, atol=1e-6),
     "local_tests": Check(_local_cases, _local, rtol=1e-4, atol=1e-6, scalar=True),
     "global_tests": Check(_global_cases, _global, rtol=1e-4, atol=1e-6, scalar=True),
-    "contrastive_tests": Check(_contrastive_cases, _contrastive, rtol=1e-4, atol=1e-6, scalar=True),
+    "z_tests": Check(_z_cases, _z, rtol=1e-4, atol=1e-6, scalar=True),
+    "global_prediction_tests": Check(lambda rng: [()], _global_prediction, rtol=0.0, atol=1e-3, scalar=True),
 }

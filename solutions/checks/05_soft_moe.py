@@ -11,57 +11,58 @@ import numpy as np
 from moe_course.course.answers import Check
 
 
-def _logits_cases(rng):
-    x = rng.normal(size=(3, 7, 5)).astype(np.float32)
-    phi = rng.normal(size=(5, 4)).astype(np.float32)
-    return [(x, phi, scale) for scale in (1.0, 3.5)]
+# 1. effective_tokens: logits of scale 3 (far from uniform: a softmax over the slots cannot pass) and of
+# scale 0.3 (close to uniform), with as many tokens as slots and more.
+def _effective_cases(rng):
+    return [((3 * rng.normal(size=(2, 9, 6))).astype(np.float32),),
+            ((0.3 * rng.normal(size=(3, 5, 5))).astype(np.float32),)]
 
 
-def _logits(x, phi, scale):
+def _effective(logits):
+    """1 / sum_t D**2 of the library's dispatch weights D."""
+    from moe_course.routing import soft_dispatch_weights
+
+    return 1.0 / np.sum(np.asarray(soft_dispatch_weights(logits), np.float64) ** 2, axis=1)
+
+
+# 2. limit_tokens: random tokens of different norms and phi; the reference is the argmax over the tokens of
+# the library's logits (the limit of the dispatch softmax as the scale grows).
+def _limit_cases(rng):
+    cases = []
+    for groups, tokens, width, slots in ((2, 7, 5, 4), (3, 4, 3, 6)):
+        norms = rng.uniform(0.2, 5, size=(groups, tokens, 1))
+        x = (rng.normal(size=(groups, tokens, width)) * norms).astype(np.float32)
+        cases.append((x, rng.normal(size=(width, slots)).astype(np.float32)))
+    return cases
+
+
+def _limit(x, phi):
     from moe_course.routing import soft_logits
 
-    return np.asarray(soft_logits(x, phi, scale))
+    return np.argmax(np.asarray(soft_logits(x, phi, 1.0)), axis=1)
 
 
-def _weights_cases(rng):
-    # logits of scale 3: the softmaxes are far from uniform (a softmax over the wrong axis cannot pass)
-    return [((3 * rng.normal(size=(2, 9, 6))).astype(np.float32),),
-            ((3 * rng.normal(size=(1, 5, 8))).astype(np.float32),)]
-
-
-def _both_weights(functions, logits):
-    """One grade cell, two answers: (dispatch_weights, combine_weights), each on its own copy of the logits."""
-    dispatch_weights, combine_weights = functions
-    return dispatch_weights(logits.copy()), combine_weights(logits.copy())
-
-
-def _weights(logits):
-    from moe_course.routing import soft_combine_weights, soft_dispatch_weights
-
-    return np.asarray(soft_dispatch_weights(logits)), np.asarray(soft_combine_weights(logits))
-
-
-def _layer_cases(rng):
-    x = rng.normal(size=(2, 8, 4)).astype(np.float32)
-    phi = rng.normal(size=(4, 6)).astype(np.float32)
-    w = rng.normal(size=(3, 4, 5)).astype(np.float32)  # 3 experts x 2 slots each, width 4 -> 5
-    return [(x, phi, w, 2.0)]
-
-
-def _layer(x, phi, expert_weights, scale):
-    """Y = C f(D^T X) by ``apply_soft_experts``, expert i applying ``expert_weights[i]`` to its slots."""
+# 3. the predicted factor by which the output changes when every token is doubled: no inputs (the question is
+# fixed); the reference measures it with the library's logits, weights, slots and combine on random tokens.
+def _factor():
     import jax.numpy as jnp
 
-    from moe_course.routing import apply_soft_experts, soft_routing
+    from moe_course.routing.soft import soft_combine, soft_routing, soft_slots
 
-    def expert_fn(buffers):  # (groups, experts, slots_per_expert, width) -> (..., width_out)
-        return jnp.einsum("gesd,edo->geso", buffers, jnp.asarray(expert_weights))
+    rng = np.random.default_rng(0)
+    x, phi = jnp.asarray(rng.normal(size=(2, 6, 4))), jnp.asarray(rng.normal(size=(4, 3)))
+    experts = jnp.asarray(rng.normal(size=(3, 4, 2)))
 
-    return np.asarray(apply_soft_experts(x, soft_routing(x, phi, scale), expert_fn, expert_weights.shape[0]))
+    def layer(tokens):
+        routing = soft_routing(tokens, phi)
+        slots = soft_slots(tokens, routing.dispatch_weights)
+        return soft_combine(jnp.einsum("gsd,sdo->gso", slots, experts), routing.combine_weights)
+
+    return float(jnp.linalg.norm(layer(2 * x)) / jnp.linalg.norm(layer(x)))
 
 
 CHECKS = {
-    "logits_tests": Check(_logits_cases, _logits, rtol=1e-4, atol=1e-5),
-    "weights_tests": Check(_weights_cases, _weights, rtol=1e-4, atol=1e-6, call=_both_weights),
-    "layer_tests": Check(_layer_cases, _layer, rtol=1e-4, atol=1e-4),
+    "effective_tests": Check(_effective_cases, _effective, rtol=1e-4, atol=1e-6),
+    "limit_tests": Check(_limit_cases, _limit, exact=True),
+    "factor_tests": Check(lambda rng: [()], _factor, rtol=0.0, atol=1e-3, scalar=True),  # a prediction: no inputs
 }

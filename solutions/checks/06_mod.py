@@ -11,28 +11,6 @@ import numpy as np
 from moe_course.course.answers import Check
 
 
-def _scores_cases(rng):
-    maps = rng.random(size=(3, 4, 7, 7)).astype(np.float32)
-    maps = maps / maps.sum(axis=-1, keepdims=True)  # attention rows sum to 1
-    x, w = rng.normal(size=(3, 7, 6)).astype(np.float32), rng.normal(size=(6,)).astype(np.float32)
-    return [(x, w, maps)]
-
-
-def _both_scores(functions, x, w, maps):
-    """One grade cell, two answers: (standard_scores(x, w), attention_scores(maps))."""
-    standard_scores, attention_scores = functions
-    return standard_scores(x, w), attention_scores(maps)
-
-
-def _scores(x, w, maps):
-    import jax.numpy as jnp
-
-    from moe_course.routing import attention_router_scores, standard_router_scores
-
-    return (np.asarray(standard_router_scores(jnp.asarray(x), jnp.asarray(w))),
-            np.asarray(attention_router_scores(jnp.asarray(maps))))
-
-
 def _capacity_cases(rng):
     # Python's round goes half to even: capacity * tokens lands on a half for 0.5 and odd tokens (4m + 1
     # rounds down, 4m + 3 up), for 0.25 and tokens 4m + 2, for 0.125 and tokens 8m + 4; one token (at least 1)
@@ -63,10 +41,44 @@ def _select(scores, capacity, keep_first):
     return np.asarray(selection.index), np.asarray(selection.processed)
 
 
+# gradient_tests: router_gradient against jax.grad of sum(y * grad_out) through the library's scores, selection
+# and gate (A-MoD Eq. 1-2 with the bounded gate ``mod_gate``), at two capacities.
+def _gradient_cases(rng):
+    cases = []
+    for batch, tokens, width, capacity in ((2, 8, 4, 0.5), (3, 10, 5, 0.25)):
+        x, update, grad_out = rng.normal(size=(3, batch, tokens, width)).astype(np.float32)
+        cases.append((x, rng.normal(size=width).astype(np.float32), update, grad_out, capacity))
+    return cases
+
+
+def _gradient(x, w, update, grad_out, capacity):
+    import jax
+    import jax.numpy as jnp
+
+    from moe_course.routing.mod import mod_gate, mod_select, standard_router_scores
+
+    def loss(w):
+        scores = standard_router_scores(jnp.asarray(x), w)
+        kept = mod_select(scores, capacity).processed
+        return jnp.sum((x + jnp.where(kept, mod_gate(scores), 0.0)[..., None] * update) * grad_out)
+
+    return np.asarray(jax.grad(loss)(jnp.asarray(w)))
+
+
+# 4. the predicted number of patch tokens a block of capacity 0.125 processes out of 196 (+ the class token,
+# kept): no inputs (the question is fixed); the reference counts them with the library's mod_select.
+def _patches():
+    import jax.numpy as jnp
+
+    from moe_course.routing.mod import mod_select
+
+    scores = jnp.asarray(np.random.default_rng(0).random(size=(2, 197)), jnp.float32)
+    return int(np.asarray(mod_select(scores, 0.125, keep_first=True).processed)[0, 1:].sum())
+
+
 CHECKS = {
-    # one tolerance for both scores: the standard scores' atol (x . w of unit normals in float32), the
-    # attention scores' rtol (means of positive values near 1/7)
-    "scores_tests": Check(_scores_cases, _scores, rtol=1e-5, atol=1e-5, call=_both_scores),
     "capacity_tests": Check(_capacity_cases, _capacity, exact=True, scalar=True),
     "select_tests": Check(_select_cases, _select, exact=True),
+    "gradient_tests": Check(_gradient_cases, _gradient, rtol=1e-4, atol=1e-5),
+    "patches_tests": Check(lambda rng: [()], _patches, exact=True, scalar=True),  # a prediction: no inputs
 }

@@ -1,0 +1,104 @@
+"""tools/check_transcription.py: no exercise answer is written out in a chapter (issue 45), and the check does
+flag an answer that is (the assignment-3 answer before issue 45, and a chapter function under new names)."""
+
+import ast
+import builtins
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("rapidfuzz", reason="rapidfuzz comes with nbgrader: pip install -e '.[instructor]'")
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "check_transcription.py"
+
+# chapters/02_moe_layer.py's literal allocation loops as they stood when issue 45 was filed (a frozen copy:
+# the chapter itself keeps changing)
+CHAPTER_LOOPS = '''
+def fill_buffers(expert_index, token_order, capacity, num_experts):
+    """The shared body of Algorithms 1-3. expert_index: (tokens, k). Returns slot (tokens, k), -1 = dropped."""
+    tokens, k = expert_index.shape
+    buffers = [[] for _ in range(num_experts)]  # empty buffers of `capacity` slots
+    slot = np.full((tokens, k), -1)
+    for i in range(k):  # TOP-1 choices of all tokens first, then TOP-2, ...
+        for p in token_order:
+            e = int(expert_index[p, i])
+            if len(buffers[e]) < capacity:  # expert e not full: add token p to its buffer
+                slot[p, i] = len(buffers[e])
+                buffers[e].append(p)
+    return slot
+
+
+def sort_by_priority(gates):
+    scores = [float(max(row)) for row in gates]
+    return sorted(range(len(gates)), key=lambda p: -scores[p])
+
+
+def algorithm_2_bpr(expert_index, gates, capacity, num_experts):
+    return fill_buffers(expert_index, sort_by_priority(gates), capacity, num_experts)
+'''
+# solutions/03_vmoe_bpr.py's bpr_slots before issue 45: chapter 2's loops with a group axis
+OLD_BPR = '''
+def bpr_slots(expert_index, gates, capacity, num_experts, score="max"):
+    ### BEGIN SOLUTION
+    groups, tokens, k = expert_index.shape
+    order = priority_order(gates, score)
+    slot = np.full(expert_index.shape, -1)
+    for g in range(groups):
+        fill = np.zeros(num_experts, int)
+        for i in range(k):
+            for t in order[g]:
+                e = expert_index[g, t, i]
+                if fill[e] < capacity:
+                    slot[g, t, i] = fill[e]
+                    fill[e] += 1
+    return slot
+    ### END SOLUTION
+'''
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(TOOL), *args], capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_no_exercise_function_is_written_out_in_a_chapter():
+    done = _run()
+    lines = done.stdout.strip().splitlines()
+    solutions = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.py"))
+    asked = sum(1 for path in solutions for node in ast.parse(path.read_text()).body
+                if isinstance(node, ast.FunctionDef)
+                and "### BEGIN SOLUTION" in ast.get_source_segment(path.read_text(), node))
+    assert len(lines) == asked + 1 and asked >= 7, done.stdout  # one line per function, then the count
+    assert done.returncode == 0 and lines[-1].startswith(f"0 of {asked} exercise functions transcribed"), done.stdout
+
+
+def test_the_old_bpr_answer_is_flagged(tmp_path):
+    (tmp_path / "02_moe_layer.py").write_text(CHAPTER_LOOPS)
+    (tmp_path / "03_vmoe_bpr.py").write_text(OLD_BPR)
+    done = _run("--solutions", str(tmp_path / "03_vmoe_bpr.py"), "--chapters", str(tmp_path / "02_moe_layer.py"))
+    assert done.returncode == 1, done.stdout
+    assert done.stdout.splitlines()[0].startswith("TRANSCRIBED 03_vmoe_bpr.py"), done.stdout
+    assert done.stdout.splitlines()[-1].startswith("1 of 1 exercise functions transcribed"), done.stdout
+
+
+def test_a_chapter_function_under_new_names_is_flagged(tmp_path):
+    """A real chapter's function, renamed, re-commented and given a docstring, is the same normalised body."""
+    chapter = ROOT / "chapters" / "02_moe_layer.py"
+    text = chapter.read_text()
+    function = next(node for node in ast.parse(text).body if isinstance(node, ast.FunctionDef)
+                    and len(ast.unparse(node).split()) > 30)
+    renamed = ast.parse(ast.get_source_segment(text, function))
+    names = {}
+    for node in ast.walk(renamed):
+        if isinstance(node, ast.Name) and node.id not in dir(builtins):
+            node.id = names.setdefault(node.id, f"mine_{len(names)}")
+        elif isinstance(node, ast.arg):
+            node.arg = names.setdefault(node.arg, f"mine_{len(names)}")
+    statements = renamed.body[0].body[1:] if ast.get_docstring(renamed.body[0]) else renamed.body[0].body
+    body = "\n".join("    " + line for line in ast.unparse(statements).splitlines())  # its docstring replaced
+    (tmp_path / "99_copy.py").write_text(f'def copied(*args):\n    """My own words."""\n    ### BEGIN SOLUTION\n'
+                                         f"    # a comment of mine\n{body}\n    ### END SOLUTION\n")
+    done = _run("--solutions", str(tmp_path / "99_copy.py"), "--chapters", str(chapter))
+    assert done.returncode == 1 and "best match 1.00" in done.stdout, done.stdout

@@ -1,0 +1,105 @@
+"""`moe-course check`: a learner runs an exercise's visible checks with the base install. Every run here is
+a subprocess in which importing nbgrader or traitlets fails (a sitecustomize on PYTHONPATH blocks them, in the
+command and in the notebook process it starts), on the committed handout and on it with the answers filled in."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from course_submissions import answered
+from moe_course import selfcheck
+from moe_course.cli import main
+from moe_course.course.build import source_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "03_vmoe_bpr"  # NumPy only: its notebook runs in a few seconds
+BLOCKER = '''import importlib.abc, sys
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("nbgrader", "traitlets"):
+            raise ImportError(f"{name} is blocked: moe-course check must run without the instructor stack")
+sys.meta_path.insert(0, _Blocked())
+'''
+
+
+@pytest.fixture(scope="module")
+def blocked_env(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("blocker")
+    (folder / "sitecustomize.py").write_text(BLOCKER)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(ROOT)])}
+
+
+def _check(notebook: Path, env, *more, cli=False):
+    """``moe-course check NOTEBOOK`` through the command's main (``cli``), or the same check without the
+    rest of the command's imports (faster: the notebook's process is the same)."""
+    code = ("import sys; from moe_course.cli import main; sys.exit(main(sys.argv[1:]))" if cli else
+            "import sys; from moe_course.selfcheck import check; sys.exit(check(sys.argv[2]))")
+    return subprocess.run([sys.executable, "-c", code, "check", str(notebook), *more],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_the_blocker_blocks(blocked_env):
+    done = subprocess.run([sys.executable, "-c", "import traitlets"], capture_output=True, text=True, env=blocked_env)
+    assert done.returncode == 1 and "blocked" in done.stderr
+
+
+def test_a_filled_exercise_passes(blocked_env, tmp_path):
+    source = tmp_path / "source.ipynb"
+    source.write_text(json.dumps(source_notebook(ROOT / "solutions" / f"{NAME}.py")))
+    mine = tmp_path / "mywork" / f"{NAME}.ipynb"
+    mine.parent.mkdir()
+    mine.write_text(json.dumps(answered(ROOT / "exercises" / f"{NAME}.ipynb", source)))
+    done = _check(mine, blocked_env, cli=True)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(lines) == 4 and all(": passed (ok: " in line for line in lines[:3]), done.stdout
+    assert lines[-1].startswith(f"3 of 3 tasks passed ({NAME}.ipynb)")
+
+    wrong = json.loads(mine.read_text())  # a wrong prediction: that task fails with the check's message
+    cell = next(c for c in wrong["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "dropped_answer")
+    cell["source"] = "PREDICTED_DROPPED = 5"
+    mine.write_text(json.dumps(wrong))
+    done = _check(mine, blocked_env)
+    assert done.returncode == 1
+    line = next(line for line in done.stdout.splitlines() if line.startswith("dropped_tests "))
+    assert line.endswith("(2 pt): failed: AssertionError: you predicted 5, bpr_top1_served drops 3"), done.stdout
+
+
+def test_a_blank_exercise_is_not_attempted(blocked_env):
+    done = _check(ROOT / "exercises" / f"{NAME}.ipynb", blocked_env)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 1
+    assert [line.split(":", 1)[1].strip() for line in lines[:3]] == ["not attempted"] * 3, done.stdout
+    assert lines[-1].startswith(f"0 of 3 tasks passed ({NAME}.ipynb)")
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda folder: folder / "missing.ipynb", "does not exist"),
+    (lambda folder: (folder / "notes.ipynb").write_text("not json") and folder / "notes.ipynb",
+     "is not a Jupyter notebook"),
+    (lambda folder: (folder / "chapter.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "source": "1",
+                                                                                  "metadata": {}}]}))
+     and folder / "chapter.ipynb", "has no graded test cells"),
+])
+def test_not_an_exercise_is_a_clear_error(tmp_path, make, message):
+    with pytest.raises(selfcheck.NotAnExercise, match=f"notebook=.*{message}"):
+        selfcheck.check(make(tmp_path))
+
+
+def test_the_command_says_it_in_one_line(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "missing.ipynb")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("moe-course check: error: notebook=") and "does not exist" in err[0]
+
+
+def test_a_notebook_past_its_time_limit_is_stopped(tmp_path, capsys):
+    slow = {"cells": [{"cell_type": "code", "source": "import time; time.sleep(30)", "metadata": {}},
+                      {"cell_type": "code", "source": "pass", "metadata": {"nbgrader": {"grade": True, "grade_id": "t",
+                                                                                         "points": 1}}}]}
+    (tmp_path / "slow.ipynb").write_text(json.dumps(slow))
+    assert selfcheck.check(tmp_path / "slow.ipynb", timeout=2) == 1
+    assert "did not finish within 2 s" in capsys.readouterr().out

@@ -377,7 +377,8 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
     """``train --init-checkpoint``: a released vmoe / big_vision checkpoint fine-tuned on --dataset with a new
     head (``reference.finetune.finetune_start``) and the fine-tuning recipe (``recipes.FINETUNE``)."""
     from moe_course.recipes import FINETUNE, data_recipe_for
-    from moe_course.reference.finetune import finetune_start
+    from moe_course.reference.evaluate import load_reference
+    from moe_course.reference.finetune import with_new_head
     from moe_course.train import report_devices
     from moe_course.train.precision import describe_precision, resolve_dtype
 
@@ -394,14 +395,14 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
         raise ValueError("--init-checkpoint needs --dataset (e.g. imagefolder with --data-dir, your own folder)")
     data_recipe = data_recipe_for(None, finetune=True)
     try:
-        probe = finetune_start(args.init_checkpoint, args.init_format, num_classes=1, image_size=args.image_size,
-                               model_config=args.init_model_config, group_size=args.init_group_size)
+        loaded = load_reference(args.init_checkpoint, args.init_format, model_config=args.init_model_config,
+                                image_size=args.image_size, group_size=args.init_group_size)
     except (OSError, zipfile.BadZipFile) as err:
-        raise ValueError(f"--init-checkpoint: {_file_error(err)}") from err
-    dataset = _recipe_dataset(args, args.dataset, probe.config.image_size, data_recipe, randaugment)
-    model = finetune_start(args.init_checkpoint, args.init_format, num_classes=dataset.num_classes,
-                           image_size=args.image_size, model_config=args.init_model_config,
-                           group_size=args.init_group_size, seed=args.seed)
+        flag = "--init-model-config" if getattr(err, "filename", None) == args.init_model_config else "--init-checkpoint"
+        raise ValueError(f"{flag}: {_file_error(err)}") from err
+    dataset = _recipe_dataset(args, args.dataset, loaded.config.image_size, data_recipe, randaugment)
+    model = with_new_head(loaded, num_classes=dataset.num_classes, seed=args.seed,
+                          name=f"{args.init_format}-finetune")
     model_config = model.config.replace(**_routing_overrides(args, _model_kind(model.config)))
     if model_config != model.config:
         from moe_course.models import with_routing

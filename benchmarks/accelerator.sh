@@ -13,6 +13,10 @@
 #   throughput  benchmarks/train_throughput.py's paper-size rows, JAX and PyTorch, float32 and bfloat16 (goals:
 #               deit-s/16 >= 8,000 images/s in bfloat16; routed steps <= FLOP ratio x dense; the PyTorch V-MoE
 #               twin <= 1.25x the JAX step per image)
+#   i1k         the ImageNet-1k recipe (`--preset vit-s/16-i1k`: big_vision's vit_s16_i1k.py, batch 1024,
+#               RandAugment(2, 10), mixup) for 200 steps on a synthetic folder of 1,100 ImageNet-size JPEGs
+#               (300-500 px), all cores building batches: its summary's images_per_second, data_wait_fraction
+#               and mfu (issue 48; QUICK=1: the i1k-tiny preset, 20 steps of 32 on 60-90 px JPEGs)
 #
 # Each part runs under its own time limit (the LIMIT_<PART> variables, seconds) and writes <part>.log to $OUT
 # (else accelerator-results/ in the checkout); a part that fails or runs out of time is named at the end, the
@@ -23,12 +27,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-parts=("${@:-main loop pipeline throughput}")
+parts=("${@:-main loop pipeline throughput i1k}")
 parts=(${parts[*]})
 for part in "${parts[@]}"; do
     case $part in
-        main|loop|pipeline|throughput) ;;
-        *) echo "unknown part '$part': use main, loop, pipeline or throughput" >&2; exit 2 ;;
+        main|loop|pipeline|throughput|i1k) ;;
+        *) echo "unknown part '$part': use main, loop, pipeline, throughput or i1k" >&2; exit 2 ;;
     esac
 done
 results=${OUT:-accelerator-results}
@@ -87,6 +91,15 @@ for part in "${parts[@]}"; do
             [ "${QUICK:-0}" = 1 ] && workers=(--quick) || workers=(--workers $(printf '%s\n' 1 2 4 "$cores" | sort -nu))
             run_part pipeline "${LIMIT_PIPELINE:-300}" "$python" benchmarks/input_pipeline.py --tables 1 \
                 --pipeline-rounds 1 "${workers[@]}" ;;
+        i1k)
+            [ "${QUICK:-0}" = 1 ] && i1k=(200 60 90 i1k-tiny --steps 20 --warmup-steps 2) \
+                || i1k=(1100 300 500 vit-s/16-i1k --steps 200 --warmup-steps 20)
+            "$python" -c "import sys, types; sys.path.insert(0, 'benchmarks'); from input_pipeline import make_files
+make_files(__import__('pathlib').Path(sys.argv[1]), types.SimpleNamespace(jpegs=int(sys.argv[2]),
+           jpeg_sides=(int(sys.argv[3]), int(sys.argv[4]))))" "$tmp/i1k-data" "${i1k[@]:0:3}" || exit 1
+            run_part i1k "${LIMIT_I1K:-600}" "${moe_course[@]}" train vit --preset "${i1k[3]}" --no-progress \
+                --dataset imagefolder --data-dir "$tmp/i1k-data/imagefolder" --workdir "$tmp/i1k-run" \
+                --data-workers "$cores" "${i1k[@]:4}" ;;
         throughput)
             run_part throughput "${LIMIT_THROUGHPUT:-540}" "$python" benchmarks/train_throughput.py \
                 --frameworks jax torch "${quick[@]}" ;;

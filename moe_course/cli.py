@@ -320,6 +320,7 @@ def _run_training(args, model_config, dataset, train_config, workdir, init_model
     metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
     speed = next((r for r in reversed(result.history) if "images_per_second" in r), {})
     speed = {"images_per_second": round(speed["images_per_second"], 1),
+             "data_wait_fraction": round(speed["data_wait_fraction"], 4),
              "tflops_per_second": round(speed["tflops_per_second"], 4),
              "mfu": "unknown for this device" if speed["mfu"] is None else round(speed["mfu"], 4)} if speed else {}
     return {"workdir": str(workdir), "steps": train_config.steps, "train_seconds": round(result.seconds, 1),

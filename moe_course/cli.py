@@ -344,13 +344,11 @@ def _recipe_dataset(args, name: str, image_size: int, data_recipe: dict, randaug
 
     options = {k: data_recipe.get(k) for k in ("eval_crop_fraction", "minival_fraction")}
     recipe_augment = data_recipe.get("randaugment")
-    if name != "imagefolder":
-        if recipe_augment or any(options.values()):
+    if name != "imagefolder" or args.data_dir is None or not (recipe_augment or any(options.values())):
+        if name != "imagefolder" and (recipe_augment or any(options.values())):
             print(f"the recipe's data side (RandAugment, evaluation crop, minival) applies to image folders; "
                   f"dataset {name!r} is used as it is")
         return load_dataset(name, args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment)
-    if args.data_dir is None:
-        return load_dataset(name, None)  # raises DataError naming --data-dir
     return ImageFolder(args.data_dir, image_size=image_size, seed=args.seed,
                        randaugment=randaugment if randaugment is not None else recipe_augment, **options)
 

@@ -95,7 +95,10 @@ def test_sincos2d_is_big_vision_posemb_sincos_2d():
 
 
 def _tiny_model():
-    return build_model(get_preset("vit", "i1k-tiny").replace(image_size=32, depth=1), rngs=nnx.Rngs(0))
+    """i1k-tiny at 32 px, one block, its head drawn at random (not the zero init, so the logits differ)."""
+    model = build_model(get_preset("vit", "i1k-tiny").replace(image_size=32, depth=1), rngs=nnx.Rngs(0))
+    model.head.kernel[...] = jax.random.normal(jax.random.key(3), model.head.kernel.shape)
+    return model
 
 
 def test_signed_value_range_and_fixed_position_embeddings_under_training():
@@ -103,7 +106,9 @@ def test_signed_value_range_and_fixed_position_embeddings_under_training():
     images = jax.random.uniform(jax.random.key(1), (4, 32, 32, 3))
     unit = build_model(model.config.replace(value_range="unit"), rngs=nnx.Rngs(0))
     nnx.update(unit, nnx.state(model))
-    np.testing.assert_allclose(model(images).logits, unit(images * 2 - 1).logits, rtol=1e-5, atol=1e-6)
+    logits = model(images).logits
+    assert np.abs(logits).max() > 0.1 and not np.allclose(logits, unit(images).logits, atol=1e-3)
+    np.testing.assert_allclose(logits, unit(images * 2 - 1).logits, rtol=1e-5, atol=1e-6)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(RECIPE.replace(steps=10, warmup_steps=1))
     opt_state = tx.init(params)
@@ -124,6 +129,22 @@ def test_signed_value_range_and_fixed_position_embeddings_under_training():
     assert not np.array_equal(params["patch_embed"]["proj"]["kernel"][...], model.patch_embed.proj.kernel[...])
     mu = [leaf for leaf in jax.tree.leaves(opt_state) if hasattr(leaf, "dtype") and leaf.ndim >= 2]
     assert {str(leaf.dtype) for leaf in mu} == {"bfloat16", "float32"}  # mu bfloat16, nu float32
+
+
+def test_the_pytorch_twin_computes_the_same_logits():
+    """sincos2d and the signed value range in the twin (moe_course.torch.models.ViT): equal logits."""
+    torch = pytest.importorskip("torch")
+    from moe_course.torch.convert import to_torch
+
+    model = _tiny_model()
+    images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype(np.float32)
+    twin = to_torch(model)
+    assert not twin.pos_embed.requires_grad
+    with torch.no_grad():
+        logits = twin(torch.from_numpy(images).permute(0, 3, 1, 2)).logits.numpy()
+    want = np.asarray(model(jnp.asarray(images)).logits)
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
 
 
 def test_weight_decay_is_scaled_by_the_schedule_not_by_the_learning_rate():

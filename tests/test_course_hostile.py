@@ -2,11 +2,18 @@
 other student's grade is unaffected, the batch finishes, and each attack fails in the way it should. The
 assignment is a small one written here (two answers, 3 points). Needs nbgrader (the `test` extra)."""
 
+import base64
+import bz2
 import csv
+import io
 import json
 import os
 import re
+import subprocess
+import tempfile
 import time
+import zipfile
+from pathlib import Path
 
 
 import pytest
@@ -125,6 +132,44 @@ with zipfile.ZipFile('/grading/answers/probs_tests.npz', 'w', zipfile.ZIP_DEFLAT
         for _ in range(256):
             member.write(bytes(2**20))
 print('BOMB', os.path.getsize('/grading/answers/probs_tests.npz'))"""
+# One message buffer sent again and again on the kernel's stdin channel, which grading never reads.
+STDIN_FLOOD = """k = get_ipython().kernel
+buffer, sent = b'x' * (48 * 2**20), 0
+for _ in range(40):
+    k.session.send(k.stdin_socket, 'input_request', {'prompt': '', 'password': False}, parent=k.get_parent('shell'),
+                   ident=k._parent_ident['shell'], buffers=[buffer])
+    sent += 1
+print('STDIN', sent)"""
+# A .json error record of 60 MB of empty lists (about 1.2 GB of Python objects, parsed).
+JSON_RECORD = """import os
+os.remove('/grading/answers/probs_tests.npz')
+with open('/grading/answers/probs_tests.json', 'w') as handle:
+    handle.write('{"error": [')
+    for _ in range(20):
+        handle.write('[],' * 10**6)
+    handle.write('[]]}')
+print('RECORD', os.path.getsize('/grading/answers/probs_tests.json'))"""
+# Past the in-kernel guard (a directory fd): the read-only tmpfs bwrap builds / and /dev on, and the one that
+# hides JAX (SANDBOX_WITHOUT), each written to.
+ROOT_FILL = """import os
+root = os.open('/', os.O_RDONLY)
+hidden = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), 'jax').lstrip('/')
+for folder in ('', 'dev/', hidden + '/'):
+    written = 0
+    try:
+        handle = os.open(folder + 'fill', os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=root)
+        for _ in range(64):
+            written += os.write(handle, bytes(2**24))
+    except OSError as error:
+        print('ROOTFILL', '/' + folder, written, error.strerror)"""
+# A folder its own grader (not root) could not list or remove as it stood: 32 MB inside, then mode 000.
+LOCKED = """import os
+os.makedirs('locked/inner')
+with open('locked/inner/data', 'wb') as handle:
+    handle.write(bytes(32 * 2**20))
+os.chmod('locked/inner', 0)
+os.chmod('locked', 0)
+print('LOCKED', oct(os.stat('locked').st_mode & 0o777))"""
 GOOD = {"probs_answer": SOLUTION.split("### BEGIN SOLUTION\n")[1].split("    ### END")[0]}
 
 
@@ -143,6 +188,53 @@ def _with(notebook: dict, **sources) -> dict:
 
 def _cell(notebook: dict, grade_id: str) -> dict:
     return next(c for c in notebook["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == grade_id)
+
+
+def _bzip2_member_npz(blocks: int) -> bytes:
+    """A recorded answer of a few KB whose member ``c0_0.npy`` is bzip2 (zip method 12) of ``blocks`` x 45 MB of
+    zeros, declared as small: one block of bz2's own output (run-length coding first) repeated at the bit level,
+    the stream's combined CRC recomputed; the file is written stored, then its method fields set to 12."""
+    bits = bin(int.from_bytes(bz2.compress(bytes(45 * 10**6), 9), "big"))[2:]
+    bits = bits.zfill(-(-len(bits) // 8) * 8)
+    end_magic = format(0x177245385090, "048b")  # bzip2's end-of-stream marker
+    block = bits[32:bits.rindex(end_magic)]
+    combined = 0
+    for _ in range(blocks):
+        combined = ((combined << 1 | combined >> 31) & 0xFFFFFFFF) ^ int(block[48:80], 2)
+    stream = bits[:32] + block * blocks + end_magic + format(combined, "032b")
+    stream += "0" * (-len(stream) % 8)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("c0_0.npy", int(stream, 2).to_bytes(len(stream) // 8, "big"))
+    raw = bytearray(buffer.getvalue())
+    central = raw.index(b"PK\x01\x02")  # the method: 8 bytes into the local header, 10 into the directory's
+    raw[8:10] = raw[central + 10:central + 12] = (12).to_bytes(2, "little")
+    return bytes(raw)
+
+
+def _write_giant(notebook: dict, path, lists: int) -> None:
+    """``notebook`` with a metadata value of ``lists`` empty lists, written in pieces (3 bytes per list)."""
+    head, tail = json.dumps({**notebook, "metadata": {**notebook["metadata"], "x": "HERE"}}).split('"HERE"')
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        handle.write(head + "[")
+        for _ in range(lists // 10**6):
+            handle.write("[]," * 10**6)
+        handle.write("[]]" + tail)
+
+
+def _peak_rss_reset() -> bool:
+    """Reset this process's peak resident memory (VmHWM) to what it holds now; False where Linux refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mib() -> float:
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
 
 
 @pytest.fixture(scope="module")
@@ -272,9 +364,20 @@ def graded(tmp_path_factory):
         # A root grader's kernel is an unprivileged host uid: no host sysctl written, no capability, and its
         # process limit holds.
         "escapes": _with(full, probs_answer=correct["probs_answer"] + "\n" + ESCAPES),
-        # Shared resources: /tmp, /dev/shm and the writable folders are bounded per submission.
-        # (a root grader's scratch folder is a tmpfs; a grader that is not root writes it to its own disk)
-        **({"fills_disks": _with(full, probs_answer=correct["probs_answer"] + "\n" + FILLS)} if ROOT else {}),
+        # Shared resources: /tmp, /dev/shm and the writable folders are bounded per submission (the scratch
+        # folder is a tmpfs of its own, in the worker's user namespace when the grader is not root); the tmpfs
+        # under /, /dev and a hidden package are read-only; a folder left at mode 000 is removed all the same.
+        "fills_disks": _with(full, probs_answer=correct["probs_answer"] + "\n" + FILLS),
+        "fills_root": _with(full, probs_answer=correct["probs_answer"] + "\n" + ROOT_FILL),
+        "locks_folder": _with(full, probs_answer=correct["probs_answer"] + "\n" + LOCKED),
+        # What the grader's own processes read or receive from a submission stays bounded: its stdin channel,
+        # a bzip2 member in a recorded answer, a huge error record, a huge notebook.
+        "stdin_flood": _with(full, double_answer=correct["double_answer"] + "\n" + STDIN_FLOOD),
+        "bzip2_npz": _with(full, double_answer=correct["double_answer"] + "\nimport base64, os\n"
+                           "os.remove('/grading/answers/probs_tests.npz')\n"
+                           "open('/grading/answers/probs_tests.npz', 'wb').write(base64.b64decode("
+                           f"{base64.b64encode(_bzip2_member_npz(32)).decode()!r}))"),
+        "json_record": _with(full, double_answer=correct["double_answer"] + "\n" + JSON_RECORD),
         # What the kernel writes to its own stdout, or sends as widget messages, never reaches the batch whole.
         "stdout_flood": _with(full, double_answer=correct["double_answer"] + "\nimport os, sys\nwritten = 0\n"
                               "saved = sys.stdout._original_stdstream_copy  # ipykernel's copy of the real fd 1\n"
@@ -304,19 +407,33 @@ def graded(tmp_path_factory):
     export = root / "export"
     for student, notebook in submissions.items():
         write(notebook, export / student / f"{NAME}.ipynb")
+    # A correct notebook of 128 MiB: a metadata value of 45 million empty lists (as the 200 MB one that once
+    # took the batch's flag scan to 4.2 GiB), written in pieces.
+    _write_giant(full, export / "giant" / f"{NAME}.ipynb", 45 * 10**6)
+    submissions["giant"] = full
     assert main(["course", "collect", str(export), "--assignment", NAME, "--course-dir", str(course)]) == 0
+    # The workers' TMPDIR, where their scratch folders go: its own, searchable by a root grader's sandbox uids.
+    scratch, tmpdir = Path(tempfile.mkdtemp(prefix="moe-hostile-scratch-")), os.environ.get("TMPDIR")
+    scratch.chmod(0o711)
+    os.environ["TMPDIR"] = str(scratch)
+    measured = _peak_rss_reset()
     start = time.perf_counter()
-    code = main(["course", "autograde", NAME, "--course-dir", str(course), "--jobs", "2", "--cell-timeout",
-                 str(CELL_TIMEOUT), "--memory-mb", str(MEMORY_MB), "--submission-timeout", "240",
-                 "--solutions", str(solutions)])
+    try:
+        code = main(["course", "autograde", NAME, "--course-dir", str(course), "--jobs", "2", "--cell-timeout",
+                     str(CELL_TIMEOUT), "--memory-mb", str(MEMORY_MB), "--submission-timeout", "240",
+                     "--solutions", str(solutions)])
+    finally:
+        os.environ.pop("TMPDIR") if tmpdir is None else os.environ.update(TMPDIR=tmpdir)
     seconds = time.perf_counter() - start
+    batch_rss = _peak_rss_mib() if measured else None
     assert code == 0
     assert main(["course", "export", "--course-dir", str(course)]) == 0
     with open(course / "grades.csv") as handle:
         grades = {row["student"]: row for row in csv.DictReader(handle)}
     print(f"\n{len(submissions)} submissions (hostile and correct) graded in {seconds:.1f} s wall, 2 jobs")
-    return {"grades": grades, "course": course, "outside": outside,
-            "students": {student_id(name): notebook for name, notebook in submissions.items()}}
+    yield {"grades": grades, "course": course, "outside": outside, "scratch": scratch, "batch_rss": batch_rss,
+           "students": {student_id(name): notebook for name, notebook in submissions.items()}}
+    subprocess.run(["rm", "-rf", str(scratch)])
 
 
 def _score(graded, student) -> float:
@@ -491,7 +608,6 @@ def test_a_root_graders_kernel_is_an_unprivileged_host_user(graded):
     assert ("uid" in record["limits"]) == ROOT, record["limits"]  # what held, as the batch reported it
 
 
-@pytest.mark.skipif(not ROOT, reason="the scratch tmpfs of one submission needs a root grader")
 def test_one_submission_cannot_fill_the_disks_of_others(graded):
     printed = _outputs(graded, "fills_disks", "probs_answer")
     tmp, shm, home = map(int, re.search(r"FILLED (\d+) (\d+) (\d+)", printed).groups())  # MiB
@@ -512,8 +628,8 @@ def test_what_the_kernel_floods_its_stdout_or_widgets_with_never_reaches_the_bat
 
 def test_a_recorded_answer_that_would_inflate_is_not_read(graded):
     assert graded["grades"]["npz_bomb"]["status"] == "graded" and _score(graded, "npz_bomb") == 1.0
-    said = _outputs(graded, "npz_bomb", "probs_tests")
-    assert "the recorded answers were not read: the file declares" in said, said
+    said = _outputs(graded, "npz_bomb", "probs_tests")  # 255 KiB: more than a (2, 5, 4) output's file can be
+    assert "the recorded answers were not read: the file is more than the " in said, said
 
 
 def test_deep_trees_chains_and_documents_cost_only_their_own_row(graded):
@@ -531,3 +647,56 @@ def test_the_sandbox_holds_no_reference_and_not_the_primitive_it_hides(graded):
     assert "_probs" not in printed and "router_probabilities" not in printed, printed
     assert graded["grades"]["primitive"]["status"] == "graded" and _score(graded, "primitive") == 2.0
     assert "ImportError" in _outputs(graded, "primitive", "double_tests")
+
+
+def test_the_graders_own_processes_stay_under_1_gib(graded):
+    """Each worker (ru_maxrss, recorded with its row) and the batch (peak resident memory while it graded and
+    flag-scanned everyone) stay under 1 GiB, whatever a submission sent or wrote: they are outside its cgroup."""
+    records = [json.loads(p.read_text()) for p in (graded["course"] / "gradebooks" / NAME).glob("*.json")]
+    measured = {r["student"]: r["worker_max_rss_mib"] for r in records if "worker_max_rss_mib" in r}
+    assert len(measured) == len(graded["students"]), sorted(set(graded["students"]) - set(measured))
+    assert max(measured.values()) < 1024, sorted(measured.items(), key=lambda item: -item[1])[:3]
+    if graded["batch_rss"] is not None:
+        assert graded["batch_rss"] < 1024, graded["batch_rss"]
+
+
+def test_a_flood_on_the_kernels_stdin_channel_reaches_nothing(graded):
+    assert graded["grades"]["stdin_flood"]["status"] == "graded" and _score(graded, "stdin_flood") == 3.0
+    assert "STDIN 40" in _outputs(graded, "stdin_flood", "double_answer")
+
+
+def test_a_bzip2_member_or_a_huge_error_record_is_not_read(graded):
+    assert graded["grades"]["bzip2_npz"]["status"] == "graded" and _score(graded, "bzip2_npz") == 1.0
+    said = _outputs(graded, "bzip2_npz", "probs_tests")
+    assert "c0_0 compressed with zip method 12; only stored or deflate members are read" in said, said
+    assert graded["grades"]["json_record"]["status"] == "graded" and _score(graded, "json_record") == 1.0
+    assert re.search(r"RECORD \d{8}", _outputs(graded, "json_record", "double_answer"))
+    said = _outputs(graded, "json_record", "probs_tests")
+    assert "probs_tests: no answers were recorded" in said, said
+
+
+def test_a_giant_notebook_costs_only_its_own_row(graded):
+    from moe_course.course.bounded import MAX_NOTEBOOK_BYTES
+    from moe_course.course.grade import GRADES_FIELDS
+
+    giant = graded["grades"]["giant"]
+    assert giant["status"] == "failed" and _score(graded, "giant") == 0.0, giant
+    assert f"larger than the limit of {MAX_NOTEBOOK_BYTES} bytes" in giant["error"], giant
+    assert giant["flags"].startswith("not scanned: ") and "larger than the limit" in giant["flags"], giant
+    assert giant["sandbox"] == "bwrap" and giant["max_score"] == "3.0", giant
+    for student, row in graded["grades"].items():  # every row whole: the batch finished with every column
+        assert set(row) == set(GRADES_FIELDS) and row["status"] in ("graded", "failed") and row["sandbox"], row
+
+
+def test_the_tmpfs_under_root_dev_and_a_hidden_package_cannot_be_filled(graded):
+    assert _score(graded, "fills_root") == 3.0
+    printed = _outputs(graded, "fills_root", "probs_answer")
+    filled = re.findall(r"ROOTFILL (\S+) (\d+) ([^\\\"]+)", printed)
+    assert len(filled) == 3 and {f[0] for f in filled} >= {"/", "/dev/"}, printed
+    assert all(written == "0" and why == "Read-only file system" for _, written, why in filled), filled
+
+
+def test_a_folder_left_at_mode_000_is_removed_with_the_scratch(graded):
+    assert _score(graded, "locks_folder") == 3.0
+    assert "LOCKED 0o0" in _outputs(graded, "locks_folder", "probs_answer")
+    assert not list(graded["scratch"].iterdir()), list(graded["scratch"].iterdir())  # every worker's scratch gone

@@ -109,9 +109,14 @@ def oversized_notebook(course_dir: Path, assignment: str, student: str) -> str |
 
 
 def max_rss_mib() -> float:
-    """The peak resident memory of this worker process so far (MiB; getrusage's ru_maxrss, KiB on Linux):
-    what grading this submission cost outside its cgroup."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    """The peak resident memory of this worker process so far (MiB): what grading this submission cost outside
+    its cgroup. Linux's VmHWM (``/proc/self/status``, of this program since it started); getrusage's ru_maxrss
+    where that is missing, which also counts the batch's memory when the worker was spawned from it."""
+    try:
+        with open("/proc/self/status") as status:
+            return round(next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024, 1)
+    except (OSError, StopIteration, ValueError):
+        return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int) -> dict:

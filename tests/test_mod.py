@@ -55,6 +55,7 @@ def test_selection_ties_go_to_the_earlier_token_and_the_class_token_can_be_kept(
     assert mod_select(scores, 0.25).index.tolist() == [[0, 1, 2]]
     scores = jnp.arange(TOKENS, dtype=jnp.float32)[None]  # token 0 scores lowest
     assert mod_select(scores, 0.25, keep_first=True).index.tolist() == [[0, 10, 11]]
+    assert mod_select(np.asarray(scores), 0.25, keep_first=True).index.tolist() == [[0, 10, 11]]  # NumPy in
 
 
 @pytest.mark.parametrize("capacity", [0, 0.0, -0.5, 1.5, True, "0.5", float("nan")])

@@ -92,13 +92,14 @@ def mod_select(scores: jax.Array, capacity: float, *, keep_first: bool = False) 
     check_floating("scores", scores)
     batch, tokens = scores.shape
     selected = mod_capacity(tokens, capacity)
-    ranked = scores.astype(jnp.float32)
+    scores = jnp.asarray(scores, jnp.float32)  # a NumPy array has no .at
+    ranked = scores
     if keep_first:
         ranked = ranked.at[:, 0].set(jnp.inf)
     _, index = jax.lax.top_k(ranked, selected)  # ties: lower index first
     index = jnp.sort(index, axis=-1).astype(jnp.int32)
     processed = jnp.zeros((batch, tokens), bool).at[jnp.arange(batch)[:, None], index].set(True)
-    return MoDSelection(index=index, processed=processed, scores=scores.astype(jnp.float32))
+    return MoDSelection(index=index, processed=processed, scores=scores)
 
 
 def mod_gate(router_scores: jax.Array) -> jax.Array:

@@ -36,8 +36,8 @@
 # - **recall@k** of retrieval: how often an image's own caption is among the k captions most similar to it
 #   (image -> text), or a caption's own image among the k most similar images (text -> image; section 5).
 #
-# The model of section 3 is checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again
-# and it loads it instead of training.
+# The model of section 3 is checkpointed under `MOE_COURSE_WORKDIR` (default: `runs/` at the repository's root,
+# where `moe-course train` writes too): run the notebook again and it loads it instead of training.
 
 # %%
 import math
@@ -63,13 +63,13 @@ from moe_course.data import CaptionedDigits
 from moe_course.models import limoe_param_count, pruned_experts
 from moe_course.routing import (CapacityRoundingWarning, global_entropy_loss, local_entropy_loss,
                                 multimodal_aux_losses)
-from moe_course.settings import chapter_seed
+from moe_course.settings import chapter_seed, runs_dir
 from moe_course.train import TrainConfig, train
 from moe_course.train.contrastive import contrastive_loss
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
-WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+WORKDIR = runs_dir()  # MOE_COURSE_WORKDIR, or runs/ at the repository's root
 SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: init, router noise and batch order of section 3's LIMoE
 pairs = CaptionedDigits()  # the cluttered digits with a caption each; trains its tokenizer on the captions
 
@@ -251,6 +251,7 @@ assert float(joint.terms["importance"]) < 0.01 * (experts - 1) < 30 < float(per_
 # largest single-step loss over the mean of the 50 steps before it (1 = smooth).
 
 # %%
+# recorded runs: moe_course/results/limoe.jsonl, written by benchmarks/limoe_sweep.py; nothing here trains
 limoe_runs = read_runs(RESULTS / "limoe.jsonl")
 FIG3 = "--patch-size 4"
 display(Markdown(limoe_seed_table(limoe_runs, FIG3)))
@@ -300,6 +301,7 @@ _ = fig.suptitle(f"Fig. 3 at toy scale: 4x4 patches, 8 experts, aux weight 0.04,
 #   paper's gains come where dropped text costs accuracy.
 
 # %%
+# recorded runs: the claims above, checked on moe_course/results/limoe.jsonl (the same for every learner)
 runs_of = {}  # {variant: {kind: {seed: run, with its test routing numbers at the top level}}}
 for run in limoe_runs:
     runs_of.setdefault(run["variant"], {}).setdefault(run["kind"], {})[run["seed"]] = flattened(run)
@@ -322,6 +324,7 @@ assert all(zero_shot["classic"][seed] >= max(zero_shot["local"][seed], zero_shot
 # observation rather than a result; the five terms at 32 experts, three seeds per threshold, are in section 4):
 
 # %%
+# recorded runs: moe_course/results/limoe.jsonl
 display(Markdown(limoe_seed_table(limoe_runs, FIG3 + " --experts 32")))
 
 # %% [markdown]
@@ -332,6 +335,7 @@ display(Markdown(limoe_seed_table(limoe_runs, FIG3 + " --experts 32")))
 # one or two seeds, so observations rather than results):
 
 # %%
+# recorded runs: moe_course/results/limoe.jsonl
 HALF = FIG3 + " --capacity-ratio 0.5"
 display(Markdown(limoe_seed_table(limoe_runs, HALF)))
 for kind, by_seed in runs_of[HALF].items():
@@ -366,6 +370,7 @@ for seed, run in half["paper"].items():  # the five terms beside the local loss,
 # --seed S`, the same as `moe-course train limoe --preset <preset> --seed S`):
 
 # %%
+# recorded runs: moe_course/results/limoe.jsonl
 display(Markdown(limoe_seed_table(limoe_runs, "")))
 fig3, fig5 = (seed_spread(limoe_runs, "test_zero_shot", variant) for variant in (FIG3, ""))
 balanced = runs_of[""]
@@ -384,6 +389,7 @@ print("the five terms minus classic, zero-shot per seed: " + ", ".join(
 # of equal FLOPs reaches 0.868 ± 0.015 here (section 5).
 
 # %%
+# recorded runs: the paragraph above, checked on moe_course/results/limoe.jsonl
 assert max(run[f"busiest/text/layer{layer}"] for kind in ladder for run in balanced[kind].values()
            for layer in (0, 1)) < 0.55, balanced
 assert abs(fig5["paper"].mean - fig5["classic"].mean) < max(fig5["paper"].std, fig5["classic"].std), fig5
@@ -401,7 +407,7 @@ assert fig3["paper"].mean < fig5["paper"].mean, (fig3, fig5)  # 4x4 patches: mor
 CHAPTER_STEPS = 1200
 run_config = TrainConfig(steps=CHAPTER_STEPS, batch_size=128, learning_rate=2e-3, warmup_steps=100, log_every=50,
                          checkpoint_every=CHAPTER_STEPS, eval_batch_size=512, seed=SEED)
-trained = train(limoe_config, pairs, run_config, workdir=os.path.join(WORKDIR, f"chapter04-limoe-seed{SEED}"),
+trained = train(limoe_config, pairs, run_config, workdir=WORKDIR / f"chapter04-limoe-seed{SEED}",
                 progress=False)
 model, history = trained.model, trained.history
 print("LIMoE " + ("loaded from its checkpoint" if trained.resumed_from == CHAPTER_STEPS
@@ -413,7 +419,7 @@ for key, style in [("success/image/layer0", "C0-"), ("success/image/layer1", "C0
 ax.set_ylim(0, 1.02)
 ax.set_xlabel("training step")
 ax.set_ylabel("success rate (in-batch)")
-ax.set_title(f"digits-limoe trained here: success rate per modality and MoE layer", fontsize=10)
+ax.set_title("digits-limoe trained here: success rate per modality and MoE layer", fontsize=10)
 ax.legend(fontsize=8, loc="lower right", ncol=2)
 ax.grid(alpha=0.3)
 
@@ -469,8 +475,26 @@ assert all(n >= 3 for n in text_experts) and all(1 / 8 + 0.1 < c < 0.9 for c in 
 # evenly over S of the 8 experts. Its marginal distribution has entropy exactly log S, so the thresholded
 # global loss `max(0, tau - H)` is positive while S < e^tau and exactly 0 from S = e^tau on: the loss pushes
 # towards more experts until there are enough, then lets go, leaving the local loss free to make each token
-# confident. Move the slider to see the loss for each S (the slider needs a live Jupyter kernel; a static
-# page shows tau = log 2).
+# confident.
+
+# %% [markdown]
+# **Explore.** The slider sets tau; the bars show the global loss a modality would pay for spreading evenly over
+# S experts. Set tau to about 1.39 (log 4): from which S on is the loss zero? Then move tau to its maximum,
+# log 8: what does the loss now ask of the modality, and what would that leave for the local entropy loss,
+# which wants each token confident about *one* expert?
+#
+# The slider needs a live Jupyter kernel. On the website the figure stays at tau = log 2; a notebook you saved
+# and reopened shows "Error displaying widget: model not found" where the slider was and the figure as it was
+# when you saved it: run the cell again for a live slider.
+#
+# <details><summary>What to look for</summary>
+#
+# The loss is `max(0, tau - log S)`: zero from `S = e^tau` on, so at tau = log 4 from S = 4 (the dotted line).
+# At tau = log 8 only a modality spread evenly over all 8 experts pays nothing: the global loss then wants the
+# modality as a whole to use every expert, while the local loss wants each *token* to pick one -- both can hold
+# at once only if different tokens pick different experts. That is the balance the two losses strike.
+#
+# </details>
 
 # %%
 def uniform_logits(s, experts=8):
@@ -587,12 +611,27 @@ assert all(text_experts[4.0, seed, layer] == count for (s, seed, layer), count i
 # (recall@1) or among the top 5, and the same from text to image. Images and texts are embedded separately
 # here (each batch holds one modality), as at test time in the paper.
 
+# %% [markdown]
+# **Predict, then run.** The model of section 3 trained for 1,200 steps and has never seen a class label, only
+# captions. Chance is 0.1. Will its zero-shot accuracy be nearer 0.1, 0.5 or 0.9? And image -> text recall@1
+# among the 1,050 test captions -- nearer 0.001 (chance), 0.1 or 0.9?
+
 # %%
 score = evaluate_contrastive(model, pairs, "test", batch_size=512)
 print(f"LIMoE trained here: zero-shot {score['zero_shot_accuracy']:.3f} (chance 0.100)  image->text R@1 "
       f"{score['i2t_recall@1']:.3f} R@5 {score['i2t_recall@5']:.3f}  text->image R@1 {score['t2i_recall@1']:.3f} "
       f"R@5 {score['t2i_recall@5']:.3f} (chance 0.001 / 0.005)")
 assert score["zero_shot_accuracy"] > 0.25 and score["t2i_recall@5"] > 0.2, score
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Zero-shot accuracy lands far above chance but well below 0.9, and recall@1 far above chance but low: the
+# model has learnt which captions go with which digits, not yet which caption goes with which *canvas*. The
+# next paragraph gives the range four runs of this notebook printed, and why recall@1 stays low even for a good
+# model.
+#
+# </details>
 
 # %% [markdown]
 # After 1,200 steps the model classifies roughly half the test images from prompts alone (chance is 0.1) and
@@ -633,11 +672,26 @@ precision = float((test_all["label"][top4] == test_all["label"][:, None]).mean()
 print(f"right digit among the top 4, over all 1,050 test captions: {precision:.1%}")
 
 # %% [markdown]
+# **Explain the plot.** In most rows the own image (green) is not among the four, yet most of the four show
+# the caption's digit. Read one row's caption and its four images: what do the four have in common with the
+# caption besides the digit, and what would the caption need to say to single out its own image?
+#
+# <details><summary>Answer</summary>
+#
+# The caption says only the digit, its size and its place; every test image of that digit with that size in that
+# corner fits it equally well, so the model ranks them by small differences and the own image is one of many
+# near-ties. To single it out the caption would have to describe what only that canvas has -- the clutter, the
+# writer's style -- which our captions never mention.
+#
+# </details>
+
+# %% [markdown]
 # **LIMoE against the dense one-tower model of equal FLOPs** (the paper: +7-13% zero-shot at B/16 and L/16,
 # Table 2). The recorded runs of section 3, three seeds each, at both balances, with the dense model of the same
 # width and depth (`limoe_sweep.py dense [--patch-size 4] --seed S`; its rows are in section 3's tables):
 
 # %%
+# recorded runs: moe_course/results/limoe.jsonl (section 3's commands)
 names = {**ladder, "dense": "dense one tower"}
 for variant, label in ((FIG3, "4x4 patches"), ("", "8x8 patches")):
     spreads = seed_spread(limoe_runs, "test_zero_shot", variant)
@@ -671,6 +725,10 @@ for variant, label in ((FIG3, "4x4 patches"), ("", "8x8 patches")):
 # **router_pred** keeps the router's probabilities over all experts and only restricts the choice (the gates
 # keep the scale the model was trained with).
 
+# %% [markdown]
+# **Predict, then run.** With only the one expert text uses most kept in each MoE layer, will zero-shot
+# accuracy fall to chance (0.1), lose a few points, or stay where it is?
+
 # %%
 val = pairs.get("val", np.arange(512))
 records, modality = routing_of(model, val["image"], val["text"], val["text_mask"])
@@ -703,6 +761,22 @@ ax.invert_xaxis()
 ax.legend(fontsize=8, loc="lower left")
 for mode, accuracies in pruning.items():
     print(mode, " ".join(f"{n} kept: {a:.3f}" for n, a in zip(kept, accuracies)))
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# It loses little: the prompts' text tokens went mostly to a few experts anyway (section 3 counted them), the
+# dropped experts' share of text was small, and every MoE layer sits inside a residual connection, so text that
+# loses its expert still passes on. Compare the last column of the printout with the first.
+#
+# </details>
+
+# %% [markdown]
+# **Change one thing.** The cell above ranks the experts by `text_shares`, text's first choices on the
+# validation captions. Rank them by the *images'* first choices instead: in its third line, change
+# `expert_shares(record, modality, 1)` to `expert_shares(record, modality, 0)` (modality 0 is the image tokens)
+# and run it again. Which experts does pruning now remove, and does the text tower suffer more? Put the `1` back
+# afterwards.
 
 # %% [markdown]
 # Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates),
@@ -751,7 +825,46 @@ if FULL_SCALE:
     big_train = TrainConfig(steps=20_000, batch_size=1024, learning_rate=1e-3, warmup_steps=1000, weight_decay=0.1,
                             checkpoint_every=1000, log_every=100)
     report_devices(big)  # prints the devices and warns if JAX sees only a CPU
-    big_model = train(big, captions, big_train, workdir=os.path.join(WORKDIR, "chapter04-limoe-b-16")).model
+    big_model = train(big, captions, big_train, workdir=WORKDIR / "chapter04-limoe-b-16").model
     print(evaluate_contrastive(big_model, captions, "test"), measure_success_rates(big_model, captions, "test"))
 else:
     print("Full-scale cell skipped: set MOE_COURSE_FULL_SCALE=1 (and MOE_COURSE_DATA) to run it.")
+
+# %% [markdown]
+# ## Summary
+#
+# - You can put images and text through one sparse MoE encoder and train it with the contrastive loss of
+#   Eq. 1, checked against a loop over pairs.
+# - You can explain why a shared MoE drops the minority modality, measure it (the success rate, the busiest
+#   expert's share), and say what the local and global entropy losses each push for.
+# - You can read the threshold tau as a soft minimum on the number of experts a modality uses -- and you know
+#   that at this scale our recorded runs did not follow it.
+# - You can evaluate a contrastive model without a classifier: zero-shot accuracy from class prompts, and
+#   retrieval recall@k.
+# - You can prune the experts one modality hardly uses, and compare router_drop with router_pred.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/04_limoe.ipynb](../exercises/04_limoe.ipynb) asks you to write the entropy, the local and global
+# entropy losses, and the router z-loss (App. B, which this chapter does not write out) in NumPy, and to predict a
+# number before the check computes it (10 points).
+#
+# Check your answers with `moe-course check exercises/04_limoe.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/04_limoe.ipynb`.
+
+# %% [markdown]
+# ## References
+#
+# - Mustafa et al. 2022, *Multimodal Contrastive Learning with LIMoE: the Language-Image Mixture of Experts*,
+#   [arXiv:2206.02770](https://arxiv.org/abs/2206.02770): Sec. 2 (the one-tower model, Eq. 1 the contrastive
+#   loss, the local and global entropy losses and their threshold), Fig. 3 (collapse and the entropy losses),
+#   Fig. 5 (the image:text balance), Figs. 9-10 (the threshold), App. B (all auxiliary losses; B.2 the expert
+#   count), App. E.4 (expert pruning), Table 2 (LIMoE against dense).
+# - Radford et al. 2021, *Learning Transferable Visual Models From Natural Language Supervision* (CLIP),
+#   [arXiv:2103.00020](https://arxiv.org/abs/2103.00020): zero-shot classification with prompt ensembles.
+# - Riquelme et al. 2021 (V-MoE), [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): the importance and
+#   load losses LIMoE starts from (App. A). Reference code:
+#   [google-research/vmoe](https://github.com/google-research/vmoe) and
+#   [google-research/big_vision](https://github.com/google-research/big_vision) (`big_vision/trainers/proj/image_text/`).

@@ -1,7 +1,7 @@
 """A released checkpoint as the start of a fine-tuning run: its body, a new head for a new set of classes.
 
-big_vision's transfer runs (``configs/transfer.py``: ``model_init`` with ``dont_load=['head/kernel',
-'head/bias']``) and vmoe's fine-tuning configs (``vmoe/configs/vmoe_paper/*_ft_*.py``: ``initialize_from_vmoe``
+big_vision's transfer runs (``configs/transfer.py``: ``model_init`` with
+``dont_load=['head/kernel', 'head/bias']``) and vmoe's fine-tuning configs (``vmoe/configs/vmoe_paper/*_ft_*.py``: ``initialize_from_vmoe``
 with the rule ``('head', '')``) restore every parameter but the head, which starts as a fresh model's (zeros in
 all three code bases) with the new class count; the position embeddings are resized to the new image size as
 the readers do (``names.resize_position_embeddings``, big_vision's ``resample_posemb``). Both code bases feed

@@ -132,13 +132,16 @@ with zipfile.ZipFile('/grading/answers/probs_tests.npz', 'w', zipfile.ZIP_DEFLAT
         for _ in range(256):
             member.write(bytes(2**20))
 print('BOMB', os.path.getsize('/grading/answers/probs_tests.npz'))"""
-# One message buffer sent again and again on the kernel's stdin channel, which grading never reads.
-STDIN_FLOOD = """k = get_ipython().kernel
+# One message buffer sent again and again on the kernel's stdin channel, which grading never reads; the cell
+# waits while it arrives (with the channel connected, the worker held 1.6 GiB of it when the kernel ended).
+STDIN_FLOOD = """import time
+k = get_ipython().kernel
 buffer, sent = b'x' * (48 * 2**20), 0
 for _ in range(40):
     k.session.send(k.stdin_socket, 'input_request', {'prompt': '', 'password': False}, parent=k.get_parent('shell'),
                    ident=k._parent_ident['shell'], buffers=[buffer])
     sent += 1
+time.sleep(3)
 print('STDIN', sent)"""
 # A .json error record of 60 MB of empty lists (about 1.2 GB of Python objects, parsed).
 JSON_RECORD = """import os

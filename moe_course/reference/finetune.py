@@ -29,8 +29,7 @@ def finetune_start(path: str | os.PathLike, checkpoint_format: str, *, num_class
     ``num_classes`` classes. Its config: the checkpoint's with num_classes, value_range="signed" and ``name``
     (default: "<format>-finetune"). Raises ValueError as ``load_reference`` does, and for num_classes < 1.
     """
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes={num_classes!r} is not allowed; use an integer >= 1")
+    _check_classes(num_classes)
     loaded = load_reference(path, checkpoint_format, model_config=model_config, image_size=image_size,
                             group_size=group_size)
     return with_new_head(loaded, num_classes=num_classes, seed=seed, name=name or f"{checkpoint_format}-finetune")
@@ -40,11 +39,15 @@ def with_new_head(loaded: nnx.Module, *, num_classes: int, seed: int = 0, name: 
     """``loaded`` (a reference model of ``load_reference``) with a fresh head for ``num_classes`` classes: a new
     model of its config with num_classes, value_range="signed" and ``name``, holding every parameter of
     ``loaded`` but the head. Raises ValueError for num_classes < 1."""
-    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-        raise ValueError(f"num_classes={num_classes!r} is not allowed; use an integer >= 1")
+    _check_classes(num_classes)
     config = loaded.config.replace(num_classes=num_classes, value_range="signed", name=name)
     model = build_model(config, rngs=nnx.Rngs(seed))
     state = nnx.state(loaded)
     state["head"] = nnx.state(model)["head"]
     nnx.update(model, state)
     return model
+
+
+def _check_classes(num_classes) -> None:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+        raise ValueError(f"num_classes={num_classes!r} is not allowed; use an integer >= 1")

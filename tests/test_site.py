@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import course_site  # noqa: E402  (docs/_ext/course_site.py)
 from test_chapters import CHAPTERS, FIGURES  # noqa: E402
 
-EXECUTED = "02_moe_layer"  # the cheapest chapter
+EXECUTED = "00_jax_primer"  # the cheapest chapter (about 15 s; chapter 2 takes 45)
 CHROMIUM = os.environ.get("MOE_COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -88,7 +88,7 @@ def test_chapter_pages_say_how_to_open_them_and_link_the_api_they_use(site):
     for chapter in CHAPTERS:
         page, text = _html(site, f"chapters/{chapter.stem}.html"), _text(site, f"chapters/{chapter.stem}.html")
         assert "Run this chapter yourself" in text, chapter.stem
-        assert "start JupyterLab in the repository's folder" in text and "Open With -> Notebook" in text
+        assert "start JupyterLab in the repository" in text and "Open With -> Notebook" in text
         assert f"jupytext --to ipynb chapters/{chapter.stem}.py" in text
         uses = course_site.library_uses(jupytext.read(chapter))
         assert uses, f"{chapter.stem} imports nothing from moe_course?"
@@ -208,7 +208,7 @@ def test_browser_loads_the_index_and_a_chapter_with_its_figures(server, browser,
     assert page.title().startswith("moe-course"), page.title()
     assert all(width > 0 for width in _loaded_images(page))
     page.goto(f"{server}/chapters/{EXECUTED}.html")
-    assert page.title().startswith("Chapter 2"), page.title()
+    assert page.title().startswith("Chapter 0"), page.title()
     widths = _loaded_images(page)
     page.screenshot(path=str(tmp_path / "chapter.png"))
     assert len(widths) >= FIGURES[EXECUTED] and all(width > 0 for width in widths), widths

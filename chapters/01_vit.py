@@ -383,10 +383,13 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/01_vit.ipynb](../exercises/01_vit.ipynb) EXERCISES_01
+# [exercises/01_vit.ipynb](../exercises/01_vit.ipynb) asks you to write `patchify`, the patch embedding and its
+# inverse `unpatchify` (patches back to images) in NumPy, and to predict a patch tensor's shape before the check
+# computes it (9 points).
 #
-# Check your answers with `moe-course check exercises/01_vit.ipynb` from the repository's root (no
-# instructor tools needed); copy the notebook into `mywork/` first if you want to keep your work out of git.
+# Check your answers with `moe-course check exercises/01_vit.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/01_vit.ipynb`.
 
 # %% [markdown]
 # ## References

@@ -868,10 +868,14 @@ if torch is not None:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/02_moe_layer.ipynb](../exercises/02_moe_layer.ipynb) EXERCISES_02
+# [exercises/02_moe_layer.ipynb](../exercises/02_moe_layer.ipynb) asks you to write TOP-k routing, the expert
+# capacity, Experts Choice -- each expert picks its tokens, which no chapter writes out (chapter 5 uses the
+# library's) -- and the importance and load losses in NumPy, and to predict a number before the check computes
+# it (16 points).
 #
 # Check your answers with `moe-course check exercises/02_moe_layer.ipynb` from the repository's root (no
-# instructor tools needed); copy the notebook into `mywork/` first if you want to keep your work out of git.
+# instructor tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/02_moe_layer.ipynb`.
 
 # %% [markdown]
 # ## References

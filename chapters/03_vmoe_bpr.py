@@ -546,10 +546,13 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/03_vmoe_bpr.ipynb](../exercises/03_vmoe_bpr.ipynb) EXERCISES_03
+# [exercises/03_vmoe_bpr.ipynb](../exercises/03_vmoe_bpr.ipynb) asks you to write BPR's priority order and which
+# TOP-1 choices BPR serves *without* the chapter's loop over tokens, and to predict how many choices BPR drops in
+# a small example (7 points).
 #
-# Check your answers with `moe-course check exercises/03_vmoe_bpr.ipynb` from the repository's root (no
-# instructor tools needed); copy the notebook into `mywork/` first if you want to keep your work out of git.
+# Check your answers with `moe-course check exercises/03_vmoe_bpr.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/03_vmoe_bpr.ipynb`.
 
 # %% [markdown]
 # ## References

@@ -35,8 +35,8 @@
 # 6. what goes wrong with too few slots, and why Soft MoE does not fit causal decoders.
 #
 # The one model this notebook trains (a Soft MoE on the digits, for section 5) takes under a minute on two CPU
-# cores and is checkpointed under `MOE_COURSE_WORKDIR` (default `runs/`): run the notebook again and it loads it
-# instead of training.
+# cores and is checkpointed under `MOE_COURSE_WORKDIR` (default: `runs/` at the repository's root, where
+# `moe-course train` writes too): run the notebook again and it loads it instead of training.
 
 # %%
 import os
@@ -57,13 +57,13 @@ from moe_course.data import ClutteredDigits
 from moe_course.layers import SoftMoE
 from moe_course.models import build_model, count_params, soft_moe_param_count
 from moe_course.routing import CapacityRoundingWarning, apply_soft_experts, soft_routing
-from moe_course.settings import chapter_seed
+from moe_course.settings import chapter_seed, runs_dir
 from moe_course.train import TrainConfig, evaluate, train, train_side_by_side
 from moe_course.viz import show_slot_weights
 
 warnings.simplefilter("ignore", CapacityRoundingWarning)
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
-WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+WORKDIR = runs_dir()  # MOE_COURSE_WORKDIR, or runs/ at the repository's root
 SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: the random weights and the model trained in section 5
 digits = ClutteredDigits()
 
@@ -632,7 +632,7 @@ if FULL_SCALE:
                             checkpoint_every=1000, eval_every=1000, log_every=100)
     for name, config in big_runs.items():
         report_devices(config)  # prints the devices and warns if JAX sees only a CPU
-        workdir = os.path.join(WORKDIR, "chapter05-" + config.name.replace("/", "-"))
+        workdir = WORKDIR / ("chapter05-" + config.name.replace("/", "-"))
         model = train(config, cifar, big_train, workdir=workdir).model
         print(name, flops_per_image(config) / 1e9, "GFLOPs", evaluate(model, cifar, "test")["accuracy"])
 else:
@@ -653,9 +653,13 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/05_soft_moe.ipynb](../exercises/05_soft_moe.ipynb) asks you to write Soft MoE in NumPy: the router
-# logits (a scaled cosine), the dispatch and combine weights, and the whole layer with its experts. Check your
-# answers with `moe-course check exercises/05_soft_moe.ipynb` (no instructor tools needed).
+# [exercises/05_soft_moe.ipynb](../exercises/05_soft_moe.ipynb) asks you how many tokens a Soft MoE slot
+# effectively averages, what its dispatch and combine weights become in the large-scale limit, and to predict a
+# number before the check computes it (8 points).
+#
+# Check your answers with `moe-course check exercises/05_soft_moe.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/05_soft_moe.ipynb`.
 
 # %% [markdown]
 # ## References

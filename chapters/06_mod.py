@@ -58,14 +58,14 @@ from moe_course.models import ViT, mod_from_vit, truncated_vit
 from moe_course.recipes import recipe_for
 from moe_course.routing import (attention_router_scores, gather_tokens, mod_capacity, mod_gate, mod_select,
                                 scatter_update, standard_router_scores)
-from moe_course.settings import RECORDED_BACKBONE, chapter_seed, retrain_recorded
+from moe_course.settings import RECORDED_BACKBONE, chapter_seed, retrain_recorded, runs_dir
 from moe_course.train import TrainConfig, evaluate, train
 from moe_course.train.weights_file import load_weights
 from moe_course.train.devices import describe_devices
 from moe_course.viz import show_dropped_patches
 
 FULL_SCALE = os.environ.get("MOE_COURSE_FULL_SCALE") == "1"
-WORKDIR = os.environ.get("MOE_COURSE_WORKDIR", "runs")
+WORKDIR = runs_dir()  # MOE_COURSE_WORKDIR, or runs/ at the repository's root
 SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset: pretraining, the standard routers and fine-tuning follow it
 CAPACITIES = (0.5, 0.125)
 ROUTERS = ("attention", "standard")
@@ -200,7 +200,7 @@ assert np.all(grad_plain == 0) and np.all(np.abs(grad_gated) > 0)
 # %%
 if retrain_recorded():  # MOE_COURSE_RETRAIN=1
     pretrain = recipe_for(dense_config).replace(seed=SEED)  # checkpointed: a second run loads it
-    dense = train(dense_config, digits, pretrain, workdir=os.path.join(WORKDIR, f"chapter06-backbone-seed{SEED}"),
+    dense = train(dense_config, digits, pretrain, workdir=WORKDIR / f"chapter06-backbone-seed{SEED}",
                   progress=False).model
 else:
     dense = load_weights(ViT(dense_config, rngs=nnx.Rngs(0)), RECORDED_BACKBONE)
@@ -533,8 +533,10 @@ assert xla_flops["A-MoD C = 0.125"] < xla_flops["A-MoD C = 0.5"] < 0.85 * xla_fl
 # ## 9. Explore: the capacity
 #
 # The slider adapts the pretrained model to A-MoD at any capacity C (no training) and redraws which patches
-# its two MoD blocks keep. Moving it needs a live kernel (each new C compiles once, a few seconds); a static
-# copy of this notebook shows the figure at the starting value, C = 0.5.
+# its two MoD blocks keep. Moving it needs a live kernel (each new C compiles once, a few seconds). On the
+# website the figure stays at the starting value, C = 0.5; a notebook you saved and reopened shows "Error
+# displaying widget: model not found" where the slider was and the figure as it was when you saved it: run the
+# cell again for a live slider.
 
 # %%
 slider_models = {c: adapted[("attention", c)] for c in CAPACITIES}
@@ -621,7 +623,7 @@ if FULL_SCALE:
             model = mod_from_vit(deit, capacity=c, router=router)
             no_training_top1 = evaluate(model, imagenet, "val", batch_size=256)["accuracy"]
             print(f"{NAMES[router]} C = {c}, no training:", no_training_top1)
-            workdir = os.path.join(WORKDIR, f"chapter06-deit-s-{router}-c{c}")
+            workdir = WORKDIR / f"chapter06-deit-s-{router}-c{c}"
             model = train(model.config, imagenet, big_finetune, init_model=model, workdir=workdir).model
             print(f"{NAMES[router]} C = {c}, fine-tuned:", evaluate(model, imagenet, "val", batch_size=256)["accuracy"])
 else:
@@ -641,9 +643,13 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/06_mod.ipynb](../exercises/06_mod.ipynb) asks you to write the two routing scores (a standard router
-# and attention routing), the capacity `K = round(C * P)` and the top-K selection of an MoD block. Check your
-# answers with `moe-course check exercises/06_mod.ipynb` (no instructor tools needed).
+# [exercises/06_mod.ipynb](../exercises/06_mod.ipynb) asks you to write an MoD block's capacity and top-K
+# selection, the standard router's gradient by hand (the gate that makes the router learn), and to predict how
+# many patches a block keeps (11 points).
+#
+# Check your answers with `moe-course check exercises/06_mod.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/06_mod.ipynb`.
 
 # %% [markdown]
 # ## References

@@ -574,9 +574,13 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/07_scale.ipynb](../exercises/07_scale.ipynb) asks you to write the all-to-all on a stack of per-device
-# arrays, the two exchanges of an MoE layer, where each expert lives, the expert-parallel step and the bytes each
-# device sends. Check your answers with `moe-course check exercises/07_scale.ipynb` (no instructor tools needed).
+# [exercises/07_scale.ipynb](../exercises/07_scale.ipynb) asks you to write an all-to-all over a stack of
+# per-device arrays, the two exchanges of an expert-parallel MoE layer, where each expert lives, and the bytes
+# each device sends on any mesh, and to predict a number before the check computes it (13 points).
+#
+# Check your answers with `moe-course check exercises/07_scale.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/07_scale.ipynb`.
 
 # %% [markdown]
 # ## References

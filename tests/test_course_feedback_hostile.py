@@ -28,13 +28,11 @@ pytest.importorskip("nh3", reason="nh3 is not installed: pip install -e '.[instr
 from moe_course.course import build, feedback as feedback_pages, grade  # noqa: E402
 from moe_course.course.config import course_paths  # noqa: E402
 from moe_course.course.worker import record_paths  # noqa: E402
+from headless_chromium import browser_context  # noqa: E402
 
 # nbgrader's add_submission warns that the objects it made are not in its session yet (it adds them after)
 pytestmark = pytest.mark.filterwarnings("ignore:Object of type <Submitted")
 NAME = "06_mod"
-CHROMIUM = os.environ.get("MOE_COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
 PWN = "window.__pwned=1;document.title='pwned'"
 
 
@@ -135,15 +133,8 @@ def beacon():
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"Chromium not found at {CHROMIUM} (Debian: apt-get install chromium; or set MOE_COURSE_CHROMIUM)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    with sync_api.sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path_factory.mktemp("chromium-profile")), executable_path=CHROMIUM, headless=True,
-            args=CHROMIUM_FLAGS)
+    with browser_context(tmp_path_factory.mktemp("chromium-profile")) as context:
         yield context
-        context.close()
 
 
 UNCLOSED = "".join(f"<b class=c{i}>" for i in range(28_000))  # 0.4 MB of distinct unclosed tags

@@ -21,12 +21,10 @@ from pathlib import Path
 
 import jupytext
 import pytest
+from headless_chromium import CHROMIUM, CHROMIUM_FLAGS, require_chromium
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "00_jax_primer"
-CHROMIUM = os.environ.get("MOE_COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
 TOKEN = "moe-course-lab-test"
 # The Open With entries README's "Start here" explains (jupytext adds the last two).
 OPEN_WITH = ["Notebook", "Editor", "Jupytext Notebook", "Notebook (no kernel)"]
@@ -77,9 +75,7 @@ def _stop(server: subprocess.Popen, runtime: Path) -> None:
 @pytest.fixture
 def lab(tmp_path):
     """The URL of a running ``jupyter lab`` whose root holds ``chapters/`` as a clone does (a temporary copy)."""
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"Chromium not found at {CHROMIUM} (Debian: apt-get install chromium; or set MOE_COURSE_CHROMIUM)")
-    pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    require_chromium()
     pytest.importorskip("jupyterlab", reason="JupyterLab is in the lab extra: pip install -e '.[lab]'")
     root = tmp_path / "course"
     (root / "chapters").mkdir(parents=True)

@@ -28,12 +28,10 @@ pytest.importorskip("torch", reason="the website documents the PyTorch twins (mo
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
 import course_site  # noqa: E402  (docs/_ext/course_site.py)
+from headless_chromium import browser_context  # noqa: E402
 from test_chapters import CHAPTERS, FIGURES  # noqa: E402
 
 EXECUTED = "00_jax_primer"  # the cheapest chapter (about 15 s; chapter 2 takes 45)
-CHROMIUM = os.environ.get("MOE_COURSE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 @pytest.fixture(scope="module")
@@ -185,16 +183,8 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
-    if not Path(CHROMIUM).is_file():
-        pytest.skip(f"Chromium not found at {CHROMIUM} (Debian: apt-get install chromium; or set MOE_COURSE_CHROMIUM)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    with sync_api.sync_playwright() as playwright:
-        profile = tmp_path_factory.mktemp("chromium-profile")
-        context = playwright.chromium.launch_persistent_context(
-            str(profile), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1280, "height": 900})
+    with browser_context(tmp_path_factory.mktemp("chromium-profile"), viewport={"width": 1280, "height": 900}) as context:
         yield context
-        context.close()
 
 
 def _loaded_images(page) -> list[int]:

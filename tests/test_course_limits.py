@@ -135,6 +135,7 @@ def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp
                                          r"28672 MiB is more than this machine's 21504 MiB: lower --jobs to 3 or "
                                          r"--memory-mb to 4352$"):
         budget.fits(4, 6144 * 2**20, machine_bytes=3 * each)
+    pytest.importorskip("nbgrader", reason="the command line needs nbgrader: pip install -e '.[instructor]'")
     jobs = budget.machine_memory_bytes() // each + 1  # one more than this machine holds
     assert main(["course", "autograde", "01_vit", "--course-dir", str(tmp_path), "--jobs", str(jobs)]) == 2
     said = capsys.readouterr().err.strip()

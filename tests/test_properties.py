@@ -33,6 +33,8 @@ FIELDS = [(family, field) for family, cls in CONFIGS.items() for field in (f.nam
 
 # Numeric fields that take any finite number: LIMoE's entropy thresholds (tau <= 0 switches the global loss off).
 ANY_FINITE = {"image_tau", "text_tau"}
+# Free-text fields where "" means "none" (a run trained without a named recipe).
+EMPTY_ALLOWED = {"recipe"}
 
 
 def _invalid(cls, field: str) -> st.SearchStrategy:
@@ -53,7 +55,8 @@ def _invalid(cls, field: str) -> st.SearchStrategy:
     assert base is str, f"{cls.__name__}.{field}: no invalid-value strategy for {hint}"
     allowed = getattr(cls, "CHOICES", {}).get(field)
     if allowed is None:  # free text (a config's name)
-        return st.one_of(st.just(""), st.integers(), st.none())
+        empty = st.nothing() if field in EMPTY_ALLOWED else st.just("")
+        return st.one_of(empty, st.integers(), st.none())
     return st.one_of(st.text(max_size=8).filter(lambda v: v not in allowed), st.integers(), st.none())
 
 

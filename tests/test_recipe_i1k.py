@@ -211,6 +211,8 @@ def test_the_i1k_recipe_trains_on_a_cpu(tmp_path, capsys):
     from moe_course.cli import main
     from moe_course.train.restore import load_run
 
+    pytest.importorskip("kornia", reason="the recipe's RandAugment runs on kornia and PyTorch: pip install -e "
+                                         "'.[augment]' after a PyTorch wheel")
     root = _folder(tmp_path / "data", 64, classes=10, per_class=10)
     argv = ["train", "vit", "--preset", "i1k-tiny", "--dataset", "imagefolder", "--data-dir", str(root),
             "--workdir", str(tmp_path / "run"), "--steps", "30", "--batch-size", "16", "--warmup-steps", "2", "--learning-rate", "0.003",

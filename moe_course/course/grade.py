@@ -94,14 +94,14 @@ def _tail(output, chars: int = 300) -> str:
 
 def sandbox_limits(uid: int | None) -> dict[str, str]:
     """Which limits hold for this batch's kernels, beyond bubblewrap and prlimit's per-process limits, as
-    {limit: how}: "uid" (the host uid a root grader drops to), "scratch" (a tmpfs per submission, root where
-    mounts are allowed), "cgroup" (cgroup v2 or v1, where this process may create one)."""
-    if uid is None:
-        return {}
-    held = {"uid": f"host uids from {uid}"}
-    if budget.can_mount_scratch():
-        held["scratch"] = f"tmpfs of {budget.SCRATCH_BYTES // 2**20} MiB per submission"
-    if version := budget.cgroup_version():
+    {limit: how}: "uid" (the host uid a root grader drops to; ``uid`` None: a grader that is not root),
+    "scratch" (a tmpfs per submission: root where mounts are allowed, any grader in a user namespace of its own),
+    "cgroup" (cgroup v2 or v1, where a root grader may create one)."""
+    held = {} if uid is None else {"uid": f"host uids from {uid}"}
+    if budget.can_own_scratch():
+        held["scratch"] = (f"tmpfs of {budget.SCRATCH_BYTES // 2**20} MiB per submission"
+                           + ("" if uid is not None else " (in a user namespace of its own)"))
+    if uid is not None and (version := budget.cgroup_version()):
         held["cgroup"] = f"{version}: memory, processes, CPU weight per submission"
     return held
 

@@ -158,7 +158,10 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     def grade_one(student: str) -> dict:
         uid = free.get()  # a slot: no two kernels graded at once share a uid, so none shares a process limit
         try:
-            return _run_worker(course_dir, assignment, student, limits, uid, tmpfs="scratch" in limits_held)
+            # a root grader mounts the worker's scratch here; a plain grader's worker does so in its own user
+            # namespace (worker.main), so it is not wrapped
+            return _run_worker(course_dir, assignment, student, limits, uid,
+                               tmpfs=uid is not None and "scratch" in limits_held)
         finally:
             free.put(uid)
 

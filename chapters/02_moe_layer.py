@@ -547,8 +547,7 @@ show_dispatch_combine(one_hot[0], weighted[0]);
 # %% [markdown]
 # **Explain the plot.** Each row is a token, each column a slot of one expert's buffer (orange lines separate
 # the experts). How many marks can a row have at most, and what does a row with none mean? Why does every
-# column hold at most one mark? And why is a mark in the combine tensor never brighter than the largest gate
-# the router gives any token?
+# column hold at most one mark? And what sets the colour of a mark in the combine tensor?
 #
 # <details><summary>Answer</summary>
 #

@@ -68,8 +68,12 @@ def _parser() -> argparse.ArgumentParser:
                             "training process; default: the cores this process may use)")
     train.add_argument("--randaugment", type=_number, nargs=2, default=None, metavar=("N", "M"),
                        help="RandAugment after the crop and flip of an image folder's training images: N operations "
-                            "at magnitude M (TensorFlow's scale, 10 = full range; V-MoE: 2 10); kornia, from the "
-                            "augment extra (docs/data.md); default: none")
+                            "at magnitude M (TensorFlow's scale, 10 = full range; V-MoE: 2 10); default: none, or "
+                            "the preset's recipe (docs/data.md)")
+    train.add_argument("--randaugment-on", choices=("device", "workers"), default="device",
+                       help="where RandAugment runs: device (default; batched inside the compiled step on the "
+                            "GPU/TPU/CPU that trains, no extra install) or workers (kornia in the input workers, one "
+                            "CPU core each; needs PyTorch and the augment extra)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_routing_args(train, "train with other settings than the preset's")
     _add_scale_args(train)
@@ -294,9 +298,10 @@ def _train(args) -> dict:
         ).items()
         if v is not None
     }
-    dataset = _recipe_dataset(args, _dataset_name(args, model_config), model_config.image_size, data_recipe,
-                              randaugment)
-    train_config = _recipe_train_config(recipe, overrides, data_recipe, dataset)
+    name = _dataset_name(args, model_config)
+    on_workers, on_device = _randaugment_placement(args, name, data_recipe, randaugment)
+    dataset = _recipe_dataset(args, name, model_config.image_size, data_recipe, on_workers)
+    train_config = _recipe_train_config(recipe, {**overrides, "randaugment": on_device}, data_recipe, dataset)
     classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
     model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
     workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
@@ -335,22 +340,31 @@ def _train_overrides(args) -> dict:
     return {k: getattr(args, k) for k in _TRAIN_OVERRIDES if getattr(args, k) is not None}
 
 
+def _randaugment_placement(args, name: str, data_recipe: dict, randaugment) -> tuple:
+    """(RandAugment for the input workers, for the compiled step): --randaugment, else the recipe's for an image
+    folder, placed by --randaugment-on; ValueError for a dataset other than an image folder."""
+    from moe_course.data.registry import check_randaugment_dataset
+
+    if randaugment is None and name == "imagefolder" and args.data_dir is not None:
+        randaugment = data_recipe.get("randaugment")
+    check_randaugment_dataset(name, randaugment)
+    return (randaugment, None) if args.randaugment_on == "workers" else (None, randaugment)
+
+
 def _recipe_dataset(args, name: str, image_size: int, data_recipe: dict, randaugment):
-    """The dataset of a run: an image folder with the recipe's data side (``recipes.data_recipe_for``:
-    RandAugment unless --randaugment is given, evaluation crop, minival), any other dataset as ``load_dataset``
+    """The dataset of a run: an image folder with the recipe's evaluation crop and minival
+    (``recipes.data_recipe_for``) and ``randaugment`` in its input workers, any other dataset as ``load_dataset``
     gives it (the recipe's data side applies to image folders only, said in one line)."""
     from moe_course.data import load_dataset
     from moe_course.data.folders import ImageFolder
 
     options = {k: data_recipe.get(k) for k in ("eval_crop_fraction", "minival_fraction")}
-    recipe_augment = data_recipe.get("randaugment")
-    if name != "imagefolder" or args.data_dir is None or not (recipe_augment or any(options.values())):
-        if name != "imagefolder" and (recipe_augment or any(options.values())):
+    if name != "imagefolder" or args.data_dir is None or not any(options.values()):
+        if name != "imagefolder" and (data_recipe.get("randaugment") or any(options.values())):
             print(f"the recipe's data side (RandAugment, evaluation crop, minival) applies to image folders; "
                   f"dataset {name!r} is used as it is")
         return load_dataset(name, args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment)
-    return ImageFolder(args.data_dir, image_size=image_size, seed=args.seed,
-                       randaugment=randaugment if randaugment is not None else recipe_augment, **options)
+    return ImageFolder(args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment, **options)
 
 
 def _recipe_train_config(recipe, overrides: dict, data_recipe: dict, dataset):
@@ -399,7 +413,8 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
     except (OSError, zipfile.BadZipFile) as err:
         flag = "--init-model-config" if getattr(err, "filename", None) == args.init_model_config else "--init-checkpoint"
         raise ValueError(f"{flag}: {_file_error(err)}") from err
-    dataset = _recipe_dataset(args, args.dataset, loaded.config.image_size, data_recipe, randaugment)
+    on_workers, on_device = _randaugment_placement(args, args.dataset, data_recipe, randaugment)
+    dataset = _recipe_dataset(args, args.dataset, loaded.config.image_size, data_recipe, on_workers)
     model = with_new_head(loaded, num_classes=dataset.num_classes, seed=args.seed,
                           name=f"{args.init_format}-finetune")
     model_config = model.config.replace(**_routing_overrides(args, _model_kind(model.config)))
@@ -408,7 +423,8 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
 
         with_routing(model, **_routing_overrides(args, _model_kind(model.config)))
         model.config = model_config
-    train_config = _recipe_train_config(FINETUNE, _train_overrides(args), data_recipe, dataset)
+    train_config = _recipe_train_config(FINETUNE, {**_train_overrides(args), "randaugment": on_device}, data_recipe,
+                                        dataset)
     workdir = Path(args.workdir or Path("runs") / model_config.name)
     dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
     if dtype != model_config.dtype:

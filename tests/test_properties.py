@@ -52,6 +52,10 @@ def _invalid(cls, field: str) -> st.SearchStrategy:
     if base is float:
         negative = st.nothing() if field in ANY_FINITE else st.floats(max_value=-1e-6)
         return st.one_of(negative, st.sampled_from([math.nan, math.inf, -math.inf]), st.booleans(), junk)
+    if typing.get_origin(base) is tuple:  # RandAugment's (N, M): N in [1, 15], M in (0, 20]
+        return st.one_of(st.tuples(st.integers(max_value=0), st.floats(0.5, 10)),
+                         st.tuples(st.integers(1, 15), st.floats(max_value=0)), st.tuples(st.integers(1, 15)),
+                         st.text(max_size=4), st.integers())
     assert base is str, f"{cls.__name__}.{field}: no invalid-value strategy for {hint}"
     allowed = getattr(cls, "CHOICES", {}).get(field)
     if allowed is None:  # free text (a config's name)

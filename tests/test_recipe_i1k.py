@@ -205,14 +205,13 @@ def test_evaluation_crop_and_minival(tmp_path):
 
 def test_the_i1k_recipe_trains_on_a_cpu(tmp_path, capsys):
     """`moe-course train vit --preset i1k-tiny` (the recipe at 64 px, 10 classes) on a generated JPEG folder:
-    RandAugment(2, 10), mixup 0.2, big_vision's Adam, at lr 3e-3 so that 30 steps suffice. The head starts at
-    zero, so every loss starts at ln(10) = 2.303; the training loss falls, the test loss (the folder's val/,
-    the held-out minival being 1 image) ends well below it, and run.json names the recipe."""
+    RandAugment(2, 10) on the device (no kornia needed), mixup 0.2, big_vision's Adam, at lr 3e-3 so that 30
+    steps suffice. The head starts at zero, so every loss starts at ln(10) = 2.303; the training loss falls, the
+    test loss (the folder's val/, the held-out minival being 1 image) ends well below it, and run.json names the
+    recipe."""
     from moe_course.cli import main
     from moe_course.train.restore import load_run
 
-    pytest.importorskip("kornia", reason="the recipe's RandAugment runs on kornia and PyTorch: pip install -e "
-                                         "'.[augment]' after a PyTorch wheel")
     root = _folder(tmp_path / "data", 64, classes=10, per_class=10)
     argv = ["train", "vit", "--preset", "i1k-tiny", "--dataset", "imagefolder", "--data-dir", str(root),
             "--workdir", str(tmp_path / "run"), "--steps", "30", "--batch-size", "16", "--warmup-steps", "2", "--learning-rate", "0.003",
@@ -221,7 +220,8 @@ def test_the_i1k_recipe_trains_on_a_cpu(tmp_path, capsys):
     summary = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines() if ": " in line)
     assert float(summary["test_loss"]) < np.log(10) - 0.3, summary
     record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["train"]["recipe"] == "vit-s/16-i1k (tiny)" and record["data"]["randaugment"] == [2, 10]
+    assert record["train"]["recipe"] == "vit-s/16-i1k (tiny)" and record["train"]["randaugment"] == [2, 10]
+    assert record["data"]["randaugment"] is None  # on the device (the default), not in the input workers
     history = load_run(tmp_path / "run").history
     assert [r["step"] for r in history] == [10, 20, 30]
     assert history[-1]["loss"] < history[0]["loss"] - 0.05, [r["loss"] for r in history]

@@ -39,6 +39,15 @@ LIMITS = {"solarize": (0.0, 1.0), "solarize_add": (-0.5, 0.5), "brightness": (0.
 TF_SHEAR_PER_LEVEL = 0.03  # TensorFlow's shear factor per level (0.3 at _MAX_LEVEL = 10)
 INSTALL = ('install PyTorch as the README\'s Install table says for your machine (CPU-only Linux: pip install '
            '"torch>=2.3,<2.16" --index-url https://download.pytorch.org/whl/cpu), then pip install -e ".[augment]"')
+# kornia's default_policy (kornia.augmentation.auto.rand_augment.rand_augment, kornia 0.9-0.10), in its order: the
+# operations and their (low, high) ranges; tests/test_randaugment.py checks it against kornia where kornia is.
+# Kept here so that the magnitudes, and RandAugment on the accelerator (train.randaugment), need no kornia.
+DEFAULT_POLICY = (("auto_contrast", 0, 1), ("equalize", 0, 1), ("invert", 0, 1), ("rotate", -30.0, 30.0),
+                  ("posterize", 4.0, 8.0), ("solarize", 0.0, 1.0), ("solarize_add", 0.0, 0.43),
+                  ("color", 0.1, 1.9), ("contrast", 0.1, 1.9), ("brightness", 0.1, 1.9), ("sharpness", 0.1, 1.9),
+                  ("shear_x", -0.3, 0.3), ("shear_y", -0.3, 0.3), ("translate_x", -0.1, 0.1),
+                  ("translate_y", -0.1, 0.1))
+WITHOUT_MAGNITUDE = ("auto_contrast", "equalize", "invert")
 _SEED_TAG = 0x2A6  # the fourth word of the example's seed, apart from the crop's (augment.example_rng: 0xA06)
 
 
@@ -80,12 +89,11 @@ def operation_magnitudes(magnitude: float) -> dict[str, float]:
     Units are kornia's: rotate in degrees, shear in kornia's unit (x 180 = degrees), translate as a fraction of the
     image side, posterize in bits kept, solarize / solarize_add on [0, 1] pixels, the enhance factors (color,
     contrast, brightness, sharpness) 1 = unchanged. Symmetric operations (rotate, shear, translate) get a random
-    sign per image. Needs kornia (its default ranges); RandAugmentUnavailable without it.
+    sign per image. Needs neither torch nor kornia (kornia's ranges are ``DEFAULT_POLICY``).
     """
-    default_policy = _kornia()[1]
     magnitudes = {}
-    for [(name, low, high)] in default_policy:
-        if name in ("auto_contrast", "equalize", "invert"):
+    for name, low, high in DEFAULT_POLICY:
+        if name in WITHOUT_MAGNITUDE:
             continue
         if name in ("shear_x", "shear_y"):  # TensorFlow's shear factor, as kornia's angle / 180
             value = math.degrees(math.atan(TF_SHEAR_PER_LEVEL * magnitude)) / 180
@@ -106,7 +114,7 @@ def randaugment_policy(magnitude: float) -> list:
     range, ``(-2 v, 2 v)`` (value 2 v * 15 / 30 = v), v = ``operation_magnitudes(magnitude)[name]``."""
     magnitudes = operation_magnitudes(magnitude)
     policy = []
-    for [(name, low, high)] in _kornia()[1]:
+    for name, low, high in DEFAULT_POLICY:
         if name not in magnitudes:
             policy.append([(name, low, high)])
         elif low == -high:
@@ -117,14 +125,13 @@ def randaugment_policy(magnitude: float) -> list:
 
 
 def _kornia():
-    """(kornia's RandAugment class, its default_policy); RandAugmentUnavailable when torch or kornia is missing."""
+    """kornia's RandAugment class; RandAugmentUnavailable when torch or kornia is missing."""
     try:
         import torch  # noqa: F401
         from kornia.augmentation.auto import RandAugment
-        from kornia.augmentation.auto.rand_augment.rand_augment import default_policy
     except ImportError as err:
         raise RandAugmentUnavailable(f"RandAugment needs PyTorch and kornia ({err}); {INSTALL}") from err
-    return RandAugment, default_policy
+    return RandAugment
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,7 +142,7 @@ def randaugment_module(n: int, magnitude: float):
     or kornia is missing."""
     n, magnitude = check_randaugment((n, magnitude))
     try:
-        RandAugment = _kornia()[0]
+        RandAugment = _kornia()
     except RandAugmentUnavailable as err:
         raise RandAugmentUnavailable(f"randaugment={format_randaugment((n, magnitude))} needs PyTorch and kornia "
                                      f"({err.__cause__}); {INSTALL}") from err.__cause__

@@ -39,6 +39,14 @@ def data_kind(path: str | os.PathLike) -> str:
     return "unknown"
 
 
+def check_randaugment_dataset(name: str, randaugment) -> None:
+    """ValueError naming randaugment unless it is None or the dataset is an image folder (the only kind with
+    3-channel photos to augment), wherever RandAugment is to run (input workers or accelerator)."""
+    if randaugment is not None and name != "imagefolder":
+        raise ValueError(f"randaugment={format_randaugment(randaugment)} applies to image folders (dataset "
+                         f"'imagefolder'); dataset {name!r} has no RandAugment: leave it out")
+
+
 def load_dataset(
     name: str, path: str | os.PathLike | None = None, *, image_size: int | None = None, seed: int = 0,
     randaugment: tuple[int, float] | None = None,
@@ -65,9 +73,7 @@ def load_dataset(
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
-    if randaugment is not None and name != "imagefolder":
-        raise ValueError(f"randaugment={format_randaugment(randaugment)} applies to image folders (dataset "
-                         f"'imagefolder'); dataset {name!r} has no RandAugment: leave it out")
+    check_randaugment_dataset(name, randaugment)
     if name in ("digits", "digits-captions", "digit-glyphs"):
         if path is not None:
             raise DataError(f"{path}: dataset {name!r} is embedded and takes no path; drop --data-dir")

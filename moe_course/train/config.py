@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from moe_course.data.randaugment import check_randaugment
 from moe_course.checks import check_choices, check_integers, check_number, replace_validated
 
 DECAYS = ("cosine", "linear")
@@ -33,7 +34,9 @@ class TrainConfig:
     dtype, optax's default) or "bfloat16" (big_vision's
     ``optax=dict(mu_dtype='bfloat16')``; ``momentum_hp`` keeps bfloat16). momentum: SGD's trace decay.
     mixup_p: mixup (``train.mixup``, big_vision ``utils.get_mixup``): 0 = off; else each step mixes its batch
-    with itself rolled by one at a ratio max(a, 1 - a), a ~ Beta(p, p). recipe: the recipe's name
+    with itself rolled by one at a ratio max(a, 1 - a), a ~ Beta(p, p). randaugment: RandAugment (N, M) of the
+    training images on the accelerator, inside the compiled step before mixup (``train.randaugment``; the same
+    operations and magnitudes as an image folder's ``randaugment`` in the input workers); None = off. recipe: the recipe's name
     (``moe_course.recipes``), written to run.json; "" for none.
     Raises ValueError from ``validate`` (and ``replace``) naming the field, e.g. ``warmup_steps`` > ``steps``.
     """
@@ -56,6 +59,7 @@ class TrainConfig:
     mu_dtype: str = "float32"
     momentum: float = 0.9
     mixup_p: float = 0.0
+    randaugment: tuple[int, float] | None = None
     recipe: str = ""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"decay": DECAYS, "optimizer": OPTIMIZERS,
@@ -76,6 +80,8 @@ class TrainConfig:
         check_number(self, "grad_clip", minimum=0)
         check_number(self, "momentum", minimum=0, maximum=1, below_maximum=True)
         check_number(self, "mixup_p", minimum=0)
+        if self.randaugment is not None:
+            check_randaugment(self.randaugment)
         if not isinstance(self.recipe, str):
             raise ValueError(f"recipe={self.recipe!r} is not allowed; use a recipe name (str) or ''")
         if self.warmup_steps > self.steps:  # the learning rate would never leave warm-up

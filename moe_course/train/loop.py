@@ -319,7 +319,8 @@ def train(
     checked = checks_enabled(model_config)
     objective = objective_for(model_config)
     train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings,
-                                 mixup_p=config.mixup_p, num_classes=model_config.num_classes)
+                                 mixup_p=config.mixup_p, num_classes=model_config.num_classes,
+                                 randaugment=config.randaugment)
     eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
     if mesh is not None and eval_step is not None:
         compiled_eval = eval_step

@@ -10,8 +10,10 @@ import optax
 from flax import nnx
 from jax.experimental import checkify
 
+from moe_course.data.randaugment import check_randaugment
 from moe_course.train.mixup import mixup
 from moe_course.train.objectives import CLASSIFICATION, Objective
+from moe_course.train.randaugment import randaugment as randaugment_batch
 
 
 def checks_enabled(config) -> bool:
@@ -44,7 +46,7 @@ def _jit(step: Callable, checked: bool) -> Callable:
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, checked: bool = False,
                     objective: Objective = CLASSIFICATION, shardings: tuple | None = None, mixup_p: float = 0.0,
-                    num_classes: int | None = None) -> Callable:
+                    num_classes: int | None = None, randaugment: tuple[int, float] | None = None) -> Callable:
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
     metrics: loss (task + aux), task_loss, aux_loss, accuracy and the objective's own metrics -- batch means,
@@ -56,14 +58,21 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     params and opt_state, for a sharded run (``moe_course.parallel``): the updated state keeps that layout.
     ``mixup_p`` > 0 (classification only, needs ``num_classes``): big_vision's mixup (``train.mixup``) of the
     float images and one-hot labels first, its key split from ``key`` as big_vision does; accuracy is then
-    against the argmax of the mixed labels. Raises ValueError for mixup_p > 0 with another objective.
+    against the argmax of the mixed labels. ``randaugment`` (N, M): RandAugment of the float images on the
+    device (``train.randaugment``) before mixup, its key split from ``key`` first. Raises ValueError for
+    mixup_p > 0 with another objective and for a bad ``randaugment``.
     """
+    if randaugment is not None:
+        n, magnitude = check_randaugment(randaugment)
     if mixup_p and (objective is not CLASSIFICATION or not num_classes):
         raise ValueError(f"mixup_p={mixup_p} applies to classification with num_classes; this is the "
                          f"{objective.name} objective")
 
     def loss_fn(params, rest, batch, key):
         batch = as_float_images(batch)
+        if randaugment is not None:
+            key, augment_key = jax.random.split(key)
+            batch = {**batch, "image": randaugment_batch(augment_key, batch["image"], n=n, magnitude=magnitude)}
         if mixup_p:
             onehot = jax.nn.one_hot(batch["label"], num_classes, dtype=jnp.float32)
             key, image, soft = mixup(key, batch["image"], onehot, p=mixup_p)

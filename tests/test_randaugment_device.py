@@ -1,0 +1,150 @@
+"""RandAugment on the accelerator (moe_course.train.randaugment): every operation equals the input workers' kornia
+operation on the same images and parameters, the whole of RandAugment has the workers' statistics, the draws are
+N distinct operations per image with fair signs, and it runs inside the compiled training step. The comparisons
+with kornia skip (by name) without it; the rest runs everywhere."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+
+from moe_course.data.randaugment import DEFAULT_POLICY, KORNIA_M, randaugment_policy
+from moe_course.train.randaugment import (OPERATIONS, SYMMETRIC, apply_operation, draw_operations, magnitude_table,
+                                          randaugment)
+
+NO_KORNIA = "the workers' RandAugment runs on kornia and PyTorch: pip install -e '.[augment]' after a PyTorch wheel"
+
+
+def _images(count: int, height: int = 32, width: int = 40, seed: int = 0) -> np.ndarray:
+    """(count, height, width, 3) float32 photos in [0, 1]: smooth colours with grain (every level of a channel
+    apart, so equalize and auto_contrast have work to do)."""
+    rng = np.random.default_rng(seed)
+    images = []
+    for _ in range(count):
+        low = rng.uniform(0, 255, (4, 5, 3)).astype(np.uint8)
+        image = np.asarray(Image.fromarray(low).resize((width, height), Image.BICUBIC), np.float32) / 255
+        images.append(np.clip(image + rng.normal(0, 0.05, image.shape), 0, 1))
+    return np.stack(images).astype(np.float32)
+
+
+def _kornia_one_operation(index: int, magnitude: float, images: np.ndarray, seed: int):
+    """kornia's RandAugment restricted to operation ``index`` at M = ``magnitude``, as the workers build it
+    (``randaugment_policy``): (outputs (n, H, W, 3), solarize_add's drawn thresholds or 0.5)."""
+    torch = pytest.importorskip("torch", reason=NO_KORNIA)
+    pytest.importorskip("kornia", reason=NO_KORNIA)
+    from kornia.augmentation.auto import RandAugment
+
+    torch.manual_seed(seed)
+    module = RandAugment(1, KORNIA_M, policy=[randaugment_policy(magnitude)[index]])
+    out = module(torch.tensor(images).permute(0, 3, 1, 2)).permute(0, 2, 3, 1).numpy()
+    drawn = module._params[0].data[0].data
+    thresholds = drawn["thresholds"].numpy() if OPERATIONS[index] == "solarize_add" else np.full(len(images), 0.5)
+    return out, thresholds.astype(np.float32)
+
+
+def test_the_policy_table_is_kornias_default_policy():
+    pytest.importorskip("torch", reason=NO_KORNIA)
+    pytest.importorskip("kornia", reason=NO_KORNIA)
+    from kornia.augmentation.auto.rand_augment.rand_augment import default_policy
+
+    assert [tuple(entry) for [entry] in default_policy] == [tuple(entry) for entry in DEFAULT_POLICY]
+
+
+@pytest.mark.parametrize("magnitude", [3, 10, 20])  # not 5: the enhance factors are 1 there
+@pytest.mark.parametrize("name", OPERATIONS)
+def test_each_operation_equals_the_workers_kornia_operation(name, magnitude):
+    """Same images, same magnitude: kornia's output and ours agree to float rounding (1e-4) for every image, with
+    the sign kornia drew (the symmetric operations: the nearer of +-; the other sign is far, so the check can
+    fail) and, for solarize_add, the threshold kornia drew."""
+    index = OPERATIONS.index(name)
+    images = _images(6)
+    expected, thresholds = _kornia_one_operation(index, magnitude, images, seed=index)
+    apply = jax.jit(jax.vmap(apply_operation, in_axes=(0, None, None, 0)))
+    value = magnitude_table(magnitude)[index]
+    errors = [np.abs(np.asarray(apply(jnp.asarray(images), index, sign * value, jnp.asarray(thresholds)))
+                     - expected).reshape(len(images), -1).max(axis=1) for sign in (1.0, -1.0)]
+    best = np.minimum(*errors) if SYMMETRIC[index] else errors[0]
+    assert best.max() < 1e-4, (name, errors)
+    assert np.abs(expected - images).mean() > 1e-3  # the operation did something to compare
+    if SYMMETRIC[index]:
+        assert np.maximum(*errors).min() > 0.05  # each image: the wrong sign is another picture
+
+
+def _statistics(before: np.ndarray, after: np.ndarray) -> dict[str, float]:
+    change = np.abs(after - before).reshape(len(before), -1).mean(axis=1)
+    return {"mean |change| per image": change.mean(), "share of images changed by > 0.1": (change > 0.1).mean(),
+            "mean pixel": after.mean(), "pixel std": after.std(), "share of black pixels": (after < 1 / 255).mean()}
+
+
+def test_randaugment_2_10_has_the_statistics_of_the_workers_randaugment():
+    """RandAugment (2, 10) of 384 images, by the workers (kornia, each image its own seed, rounded to uint8) and
+    on the device (one key): the same distribution of changes, means within 0.03 (about 3 standard errors)."""
+    pytest.importorskip("torch", reason=NO_KORNIA)
+    pytest.importorskip("kornia", reason=NO_KORNIA)
+    from moe_course.data.randaugment import apply_randaugment
+
+    images = np.round(_images(384, 24, 24, seed=1) * 255) / 255
+    uint8 = (images * 255).astype(np.uint8)
+    workers = np.stack([apply_randaugment(image, (2, 10), seed=0, epoch=0, index=i) for i, image in enumerate(uint8)])
+    device = np.asarray(jax.jit(lambda k, x: randaugment(k, x, n=2, magnitude=10))(jax.random.key(0), images))
+    ours, theirs = _statistics(images, np.round(device * 255) / 255), _statistics(images, workers / 255)
+    for statistic, value in theirs.items():
+        assert abs(ours[statistic] - value) < 0.03, (statistic, ours, theirs)
+
+
+def test_each_image_draws_n_distinct_operations_fairly():
+    order, signs, thresholds = (np.asarray(a) for a in draw_operations(jax.random.key(3), 6000, 2))
+    assert order.shape == signs.shape == thresholds.shape == (6000, 2) and order.dtype == np.int32
+    assert (order[:, 0] != order[:, 1]).all()
+    counts = np.bincount(order.ravel(), minlength=len(OPERATIONS))  # 800 each expected; sd about 27
+    assert counts.min() > 700 and counts.max() < 900, counts
+    assert set(np.unique(signs)) == {-1.0, 1.0} and abs(signs.mean()) < 0.05
+    assert 0 <= thresholds.min() and thresholds.max() < 1 and abs(thresholds.mean() - 0.5) < 0.02
+    all15 = np.asarray(draw_operations(jax.random.key(4), 5, 15)[0])
+    assert (np.sort(all15, axis=1) == np.arange(15)).all()
+
+
+def test_the_batch_is_augmented_per_image_and_deterministically():
+    images = jnp.asarray(_images(8, 24, 24))
+    run = jax.jit(lambda k, x: randaugment(k, x, n=2, magnitude=10))
+    one = np.asarray(run(jax.random.key(0), images))
+    assert one.shape == (8, 24, 24, 3) and one.dtype == np.float32 and 0 <= one.min() and one.max() <= 1
+    np.testing.assert_array_equal(one, np.asarray(run(jax.random.key(0), images)))
+    assert not np.array_equal(one, np.asarray(run(jax.random.key(1), images)))
+    changed = np.abs(one - np.asarray(images)).reshape(8, -1).max(axis=1) > 1e-3
+    assert changed.sum() >= 7  # (nearly) every image changed; solarize at 1.0 may leave one as it was
+
+
+@pytest.mark.parametrize("shape", [(24, 24, 3), (2, 24, 24, 1), (2, 2, 24, 3)])
+def test_bad_images_and_settings_are_refused(shape):
+    with pytest.raises(ValueError, match=r"images of shape .* are not allowed; use \(batch, H, W, 3\)"):
+        randaugment(jax.random.key(0), jnp.zeros(shape), n=2, magnitude=10)
+    with pytest.raises(ValueError, match=r"^randaugment=\(0, 10\) is not allowed"):
+        randaugment(jax.random.key(0), jnp.zeros((2, 24, 24, 3)), n=0, magnitude=10)
+
+
+def test_the_train_step_augments_before_it_computes_the_loss(tiny_vit_config):
+    """The compiled step with RandAugment sees other pixels than without (another gradient, so other updated
+    parameters, from the same model and batch; the loss alone is ln 4 whatever the pixels, the head starting at
+    zero), and the same ones for the same key."""
+    import optax
+    from flax import nnx
+
+    from moe_course.models import build_model
+    from moe_course.train.steps import make_train_step
+
+    config = tiny_vit_config.replace(channels=3, num_classes=4)
+    graphdef, params, rest = nnx.split(build_model(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    tx = optax.sgd(1.0)
+    batch = {"image": jnp.asarray((_images(4, config.image_size, config.image_size) * 255).astype(np.uint8)),
+             "label": jnp.arange(4, dtype=jnp.int32)}
+    updated = {}
+    for name, setting in (("plain", None), ("augmented", (2, 10))):
+        step = make_train_step(graphdef, tx, randaugment=setting, num_classes=4)
+        updated[name] = [np.concatenate([np.ravel(leaf) for leaf in jax.tree.leaves(
+            step(params, rest, tx.init(params), batch, jax.random.key(k))[0])]) for k in (0, 0, 1)]
+    plain, augmented = updated["plain"], updated["augmented"]
+    np.testing.assert_array_equal(plain[0], plain[2])  # a ViT without dropout: the key is not used
+    np.testing.assert_array_equal(augmented[0], augmented[1])
+    assert not np.array_equal(augmented[0], augmented[2]) and not np.array_equal(augmented[0], plain[0])

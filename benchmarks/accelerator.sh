@@ -16,7 +16,9 @@
 #   i1k         the ImageNet-1k recipe (`--preset vit-s/16-i1k`: big_vision's vit_s16_i1k.py, batch 1024,
 #               RandAugment(2, 10), mixup) for 200 steps on a synthetic folder of 1,100 ImageNet-size JPEGs
 #               (300-500 px), all cores building batches: its summary's images_per_second, data_wait_fraction
-#               and mfu (issue 48; QUICK=1: the i1k-tiny preset, 20 steps of 32 on 60-90 px JPEGs)
+#               and mfu (issue 48; QUICK=1: the i1k-tiny preset, 20 steps of 32 on 60-90 px JPEGs); then
+#               input_pipeline.py table 3: the ViT-S/16 step with and without RandAugment (2, 10) on the device,
+#               batch 256 (the device's share of the i1k input)
 #
 # Each part runs under its own time limit (the LIMIT_<PART> variables, seconds) and writes <part>.log to $OUT
 # (else accelerator-results/ in the checkout); a part that fails or runs out of time is named at the end, the
@@ -99,7 +101,10 @@ make_files(__import__('pathlib').Path(sys.argv[1]), types.SimpleNamespace(jpegs=
            jpeg_sides=(int(sys.argv[3]), int(sys.argv[4]))))" "$tmp/i1k-data" "${i1k[@]:0:3}" || exit 1
             run_part i1k "${LIMIT_I1K:-600}" "${moe_course[@]}" train vit --preset "${i1k[3]}" --no-progress \
                 --dataset imagefolder --data-dir "$tmp/i1k-data/imagefolder" --workdir "$tmp/i1k-run" \
-                --data-workers "$cores" "${i1k[@]:4}" ;;
+                --data-workers "$cores" "${i1k[@]:4}"
+            [ "${QUICK:-0}" = 1 ] && device=(--quick) || device=(--device-batch 256 --device-steps 5)
+            run_part i1k-device "${LIMIT_I1K:-600}" "$python" benchmarks/input_pipeline.py --tables 3 --rounds 3 \
+                "${device[@]}" ;;
         throughput)
             run_part throughput "${LIMIT_THROUGHPUT:-540}" "$python" benchmarks/train_throughput.py \
                 --frameworks jax torch "${quick[@]}" ;;

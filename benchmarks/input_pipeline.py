@@ -22,8 +22,12 @@ loop can reach its bare step only where the first exceeds the second. Each round
 loop right after it; the table gives the medians over the rounds and the median of each round's ratio, with its
 range (on a shared or throttled CPU the rates move by 10-20% from one minute to the next, which a ratio of
 neighbours cancels).
+Table 3: the i1k input's part on the device (``train.randaugment``): the ViT-S/16 i1k training step (big_vision's
+recipe, mixup 0.2) with RandAugment (2, 10) inside it against the same step without, on a uint8 batch already on
+the device (alternating, medians over the rounds), and RandAugment (2, 10) + mixup alone; with table 1 it gives
+the whole i1k input per CPU core before (RandAugment in the workers) and after (on the device).
 Usage: python benchmarks/input_pipeline.py [--workers 1 2] [--batches 40] [--loop-steps 300]
-       [--folder-presets vmoe:vmoe-s/32-every-2] [--quick]
+       [--folder-presets vmoe:vmoe-s/32-every-2] [--tables 1 2 3] [--device-batch 32] [--quick]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from PIL import Image
@@ -57,11 +62,13 @@ KINDS = ["digits", "digit-glyphs", "digits-captions", "cifar10", "transport", "i
 RANDAUGMENT = (2, 10)  # V-MoE's (N, M)
 DEFAULTS = dict(kinds=KINDS, workers=None, batches=40, batch_size=128, image_size=224, jpegs=512, jpeg_sides=(300, 500),
                 presets=["digits-tiny", "glyphs-tiny"], loop_steps=300, rounds=5, loop_workers=None,
-                pipeline_rounds=3, folder_presets=None, folder_batch=512)
+                pipeline_rounds=3, folder_presets=None, folder_batch=512, device_preset="vit-s/16-i1k",
+                device_batch=32, device_steps=3)
 ACCELERATOR_FOLDER_PRESETS = ["vmoe:vmoe-s/32-every-2"]  # issue 34's goal: >= 90% of its in-memory images/s
 QUICK = dict(kinds=["digits", "transport", "imagefolder"], workers=[0, 1], batches=6, batch_size=16, image_size=32,
              jpegs=32, jpeg_sides=(60, 90), presets=["digits-tiny"], loop_steps=6, rounds=1, loop_workers=[0],
-             pipeline_rounds=1, folder_presets=["vmoe:digits-tiny-moe"], folder_batch=8)
+             pipeline_rounds=1, folder_presets=["vmoe:digits-tiny-moe"], folder_batch=8, device_preset="i1k-tiny",
+             device_batch=8, device_steps=1)
 
 
 def _canvases(count: int, seed: int) -> np.ndarray:
@@ -292,18 +299,69 @@ def loop_table(args, files: dict[str, Path]) -> None:
               + f"{alone:>10.0f}{np.median(bare) * batch_size:>11.0f}")
 
 
+def _timed(function, *args, steps: int) -> float:
+    """Seconds per call of ``function(*args)`` (compiled before), ``steps`` calls, waiting for the results."""
+    jax.block_until_ready(function(*args))
+    started = time.perf_counter()
+    for _ in range(steps):
+        out = function(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - started) / steps
+
+
+def device_table(args) -> None:
+    """Table 3: the training step of ``args.device_preset`` (its recipe: the i1k one) with and without RandAugment
+    (2, 10) on the device, and RandAugment + mixup alone, at ``args.device_batch``."""
+    from moe_course.train.mixup import mixup
+    from moe_course.train.randaugment import randaugment
+
+    config = get_preset("vit", args.device_preset)
+    recipe = recipe_for(config)
+    graphdef, params, rest = nnx.split(build_model(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+    tx = make_optimizer(recipe)
+    opt_state = tx.init(params)
+    side, batch_size = config.image_size, args.device_batch
+    rng = np.random.default_rng(0)
+    batch = jax.device_put({"image": rng.integers(0, 256, (batch_size, side, side, 3), dtype=np.uint8),
+                            "label": rng.integers(0, config.num_classes, batch_size).astype(np.int32)})
+    steps = {name: make_train_step(graphdef, tx, mixup_p=recipe.mixup_p, num_classes=config.num_classes,
+                                   randaugment=setting) for name, setting in (("plain", None), ("augmented", RANDAUGMENT))}
+
+    @jax.jit
+    def augment_alone(key, images, labels):
+        images = randaugment(key, images.astype(jnp.float32) / 255.0, n=RANDAUGMENT[0], magnitude=RANDAUGMENT[1])
+        return mixup(key, images, jax.nn.one_hot(labels, config.num_classes), p=recipe.mixup_p)
+
+    key = jax.random.key(0)
+    times = {"plain": [], "augmented": [], "alone": []}
+    for _ in range(args.rounds):
+        for name in ("plain", "augmented"):
+            times[name].append(_timed(steps[name], params, rest, opt_state, batch, key, steps=args.device_steps))
+        times["alone"].append(_timed(augment_alone, key, batch["image"], batch["label"], steps=args.device_steps))
+    plain, augmented, alone = (np.median(times[k]) * 1e3 for k in ("plain", "augmented", "alone"))
+    print(f"\nTable 3: the i1k input's device part on {jax.devices()[0].device_kind} ({jax.default_backend()}): "
+          f"{args.device_preset} at {side} px, batch {batch_size}, {args.device_steps} step(s) a round, medians of "
+          f"{args.rounds} round(s)")
+    print(f"{'step without RandAugment':<36}{plain:>10.1f} ms  {batch_size / plain * 1e3:>9.1f} images/s")
+    print(f"{'step with RandAugment (2, 10)':<36}{augmented:>10.1f} ms  {batch_size / augmented * 1e3:>9.1f} images/s")
+    print(f"{'RandAugment (2, 10) + mixup alone':<36}{alone:>10.1f} ms  {batch_size / alone * 1e3:>9.1f} images/s")
+    print(f"RandAugment's cost: {(augmented - plain) / plain:+.1%} of the step (with - without) / without; alone "
+          f"{alone / plain:.1%} of the step")
+
+
 def main() -> None:
     parser = SizedParser(__doc__.splitlines()[0], DEFAULTS, QUICK)
     parser.add_argument("--kinds", nargs="+", choices=KINDS, help=f"dataset kinds of table 1 {parser.size('kinds')}")
     parser.add_argument("--workers", type=int, nargs="+",
                         help="worker counts of table 1 (default: 1, 2, 4, ... up to the cores; --quick: 0 1)")
-    parser.add_argument("--tables", type=int, nargs="+", choices=[1, 2], default=[1, 2], help="which tables")
+    parser.add_argument("--tables", type=int, nargs="+", choices=[1, 2, 3], default=[1, 2, 3], help="which tables")
     parser.add_argument("--loop-workers", type=int, nargs="+",
                         help="worker counts of the loop in table 2 (default: 0 and the cores; --quick: 0)")
     for name, kind, text in [("batches", int, "timed batches per pipeline"), ("batch_size", int, "images per batch"),
                              ("image_size", int, "image-folder side in px"), ("jpegs", int, "JPEG files made"),
                              ("loop_steps", int, "timed steps of table 2"), ("rounds", int, "rounds of table 2"),
-                             ("pipeline_rounds", int, "rounds of table 1")]:
+                             ("pipeline_rounds", int, "rounds of table 1"),
+                             ("device_batch", int, "batch of table 3"), ("device_steps", int, "steps a round, table 3")]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} {parser.size(name)}")
     parser.add_argument("--presets", nargs="*", help=f"[family:]preset of table 2 (default family vit), trained on "
                         f"the embedded digits {parser.size('presets')}")
@@ -311,6 +369,7 @@ def main() -> None:
                         f"at its image size (default: {' '.join(ACCELERATOR_FOLDER_PRESETS)} on an accelerator, "
                         f"none on a CPU; --quick: {' '.join(QUICK['folder_presets'])})")
     parser.add_argument("--folder-batch", type=int, help=f"batch of the folder rows {parser.size('folder_batch')}")
+    parser.add_argument("--device-preset", help=f"ViT preset of table 3 {parser.size('device_preset')}")
     parser.add_argument("--jpeg-sides", type=int, nargs=2, help=f"JPEG side range in px {parser.size('jpeg_sides')}")
     args = parser.parse_args()
     if args.workers is None:
@@ -328,6 +387,8 @@ def main() -> None:
             pipeline_table(args, files)
         if 2 in args.tables:
             loop_table(args, files)
+    if 3 in args.tables:
+        device_table(args)
 
 
 if __name__ == "__main__":

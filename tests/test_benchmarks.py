@@ -224,6 +224,11 @@ def test_input_pipeline_benchmark():
     for row in (loop, folder[:1] + folder[2:]):
         assert len(row) == 8 and all(_is_number(field) for field in row[1:5] + row[6:]), row
         assert all(_is_number(f) for f in row[5].strip("[]").split("-")), row
+    # the i1k step with and without RandAugment on the device, and RandAugment + mixup alone: ms, images/s
+    for label in ("step without RandAugment", "step with RandAugment (2, 10)", "RandAugment (2, 10) + mixup alone"):
+        ms, images = out.split(label, 1)[1].split("\n", 1)[0].split()[::2]
+        assert float(ms) > 0 and float(images) > 0, (label, ms, images)
+    assert "RandAugment's cost: " in out
 
 
 def test_accelerator_script_runs_a_part_and_refuses_an_unknown_one(tmp_path):

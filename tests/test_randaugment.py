@@ -216,3 +216,21 @@ def test_a_run_records_its_randaugment_and_refuses_to_resume_with_another(tiny_v
         with pytest.raises(ValueError, match=rf"data.randaugment: saved \[2, 10.0\], now {shown}"):
             train(config, ImageFolder(root, image_size=16, randaugment=other), recipe.replace(steps=2),
                   workdir=tmp_path / "run", progress=False)
+
+
+@pytest.mark.parametrize("where", ["device", "workers"])
+def test_the_command_line_runs_randaugment_where_asked_and_records_it(where, tmp_path, capsys):
+    """--randaugment-on device (the default): in the training step, recorded as train.randaugment, no kornia
+    needed; workers: kornia in the input workers, recorded as data.randaugment."""
+    import json
+
+    if where == "workers":
+        _kornia()
+    root = _tree(tmp_path / "tree")
+    argv = ["train", "vit", "--preset", "digits-tiny", "--dataset", "imagefolder", "--data-dir", str(root),
+            "--image-size", "32", "--steps", "2", "--batch-size", "4", "--warmup-steps", "1", "--no-progress",
+            "--data-workers", "0", "--workdir", str(tmp_path / "run"), "--randaugment", "2", "10"]
+    assert main(argv + (["--randaugment-on", "workers"] if where == "workers" else [])) == 0, capsys.readouterr()
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    placed = {"device": record["train"]["randaugment"], "workers": record["data"]["randaugment"]}
+    assert placed == {where: [2, 10.0], ("workers" if where == "device" else "device"): None}, placed

@@ -5,6 +5,11 @@ test that skipped or was deselected to PATH; ``--only-listed=PATH`` (stage 2, af
 extra are added) runs only those. Together they run the whole suite once; a user's ``python -m pytest`` (README
 command 2) runs all of it. Give the path with "=": pytest reads its command line before this file adds the
 options, and a path standing on its own would be taken for a folder of tests (and the tests' root with it).
+
+README command 2 runs the suite in two pytest-xdist worker processes (``-n 2 --dist loadgroup``): the tests of
+each file in ``SHARED_FIXTURE_FILES`` stay in one worker, so their module- or session-scoped fixture (a graded
+batch, a built website, an 8-device run) is made once; every other test goes wherever a worker is free. The
+skipped tests' reports reach the controlling process, which alone writes ``--record-unrun``.
 """
 
 from pathlib import Path
@@ -23,10 +28,16 @@ def pytest_addoption(parser):
                     help="run only the tests whose node ids PATH lists (as --record-unrun wrote them)")
 
 
+SHARED_FIXTURE_FILES = ("test_course_hostile", "test_course_feedback_hostile", "test_course_grading",
+                        "test_course_release", "test_site", "test_parallel", "test_selfcheck", "test_limoe",
+                        "test_limoe_eval", "test_convert_vit")
 _unrun: list[str] = []  # node ids of this session's skipped and deselected tests, in the order pytest reported them
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.stem in SHARED_FIXTURE_FILES:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     listed = config.getoption("only_listed")
     if listed is None:
         return
@@ -57,7 +68,7 @@ def pytest_collectreport(report):
 
 def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("record_unrun")
-    if path is not None:
+    if path is not None and not hasattr(session.config, "workerinput"):  # the controller (or a run without -n)
         path.write_text("".join(f"{nodeid}\n" for nodeid in _unrun))
     listed = session.config.getoption("only_listed")
     if listed is not None and exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and not listed.read_text().strip():

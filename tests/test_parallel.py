@@ -13,7 +13,7 @@ from multidevice import report_of, run_cases, start_cases
 # drift apart slowly (measured on an AMD EPYC with AVX-512: 2e-7 for steps 1-7, a flip at step 8 (1.8e-5),
 # 2.8e-4 at step 20; other CPUs stayed under 1e-4). A wrong exchange differs by ~1e-1 from step 1.
 TOL_LAYER, TOL_FIRST_STEPS, TOL_LOSS = 1e-5, 1e-5, 1e-3
-pytestmark = pytest.mark.slow  # 3 minutes (8 simulated devices); CI's first stage leaves it to the second
+pytestmark = pytest.mark.slow  # 3 minutes (8 simulated devices)
 
 
 @pytest.fixture(scope="module")

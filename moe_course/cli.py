@@ -356,15 +356,14 @@ def _recipe_dataset(args, name: str, image_size: int, data_recipe: dict, randaug
     (``recipes.data_recipe_for``) and ``randaugment`` in its input workers, any other dataset as ``load_dataset``
     gives it (the recipe's data side applies to image folders only, said in one line)."""
     from moe_course.data import load_dataset
-    from moe_course.data.folders import ImageFolder
 
     options = {k: data_recipe.get(k) for k in ("eval_crop_fraction", "minival_fraction")}
-    if name != "imagefolder" or args.data_dir is None or not any(options.values()):
-        if name != "imagefolder" and (data_recipe.get("randaugment") or any(options.values())):
-            print(f"the recipe's data side (RandAugment, evaluation crop, minival) applies to image folders; "
-                  f"dataset {name!r} is used as it is")
-        return load_dataset(name, args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment)
-    return ImageFolder(args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment, **options)
+    if name != "imagefolder" and (data_recipe.get("randaugment") or any(options.values())):
+        print(f"the recipe's data side (RandAugment, evaluation crop, minival) applies to image folders; "
+              f"dataset {name!r} is used as it is")
+    options = options if name == "imagefolder" else {}
+    return load_dataset(name, args.data_dir, image_size=image_size, seed=args.seed, randaugment=randaugment,
+                        **{k: v for k, v in options.items() if v is not None})
 
 
 def _recipe_train_config(recipe, overrides: dict, data_recipe: dict, dataset):

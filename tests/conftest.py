@@ -34,10 +34,12 @@ SHARED_FIXTURE_FILES = ("test_course_hostile", "test_course_feedback_hostile", "
 _unrun: list[str] = []  # node ids of this session's skipped and deselected tests, in the order pytest reported them
 
 
+def pytest_itemcollected(item):
+    if item.path.stem in SHARED_FIXTURE_FILES:  # read by pytest-xdist's collection hook (the node id gets "@group")
+        item.add_marker(pytest.mark.xdist_group(item.path.stem))
+
+
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.stem in SHARED_FIXTURE_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     listed = config.getoption("only_listed")
     if listed is None:
         return
@@ -46,19 +48,34 @@ def pytest_collection_modifyitems(config, items):
     wanted = set(listed.read_text().splitlines())  # test ids, and the files whose collection skipped as a whole
 
     def is_listed(item):
-        return item.nodeid in wanted or item.nodeid.split("::")[0] in wanted
+        nodeid = _without_group(item.nodeid)
+        return nodeid in wanted or nodeid.split("::")[0] in wanted
 
     config.hook.pytest_deselected(items=[item for item in items if not is_listed(item)])
     items[:] = [item for item in items if is_listed(item)]
 
 
+def pytest_configure(config):
+    deselecting = config.option.markexpr or config.option.keyword
+    if config.getoption("record_unrun") is not None and getattr(config.option, "numprocesses", None) and deselecting:
+        raise pytest.UsageError("--record-unrun cannot see the tests -m or -k deselect inside pytest-xdist's workers; "
+                                "run the recording stage without -m/-k or without -n")
+
+
 def pytest_deselected(items):
-    _unrun.extend(item.nodeid for item in items)
+    _unrun.extend(_without_group(item.nodeid) for item in items)
+
+
+def _without_group(nodeid: str) -> str:
+    """The node id without the "@group" that pytest-xdist's --dist loadgroup appends to a grouped test's."""
+    stem, _, group = nodeid.rpartition("@")
+    return stem if stem and group in SHARED_FIXTURE_FILES else nodeid
 
 
 def pytest_runtest_logreport(report):
-    if report.skipped and not hasattr(report, "wasxfail") and report.nodeid not in _unrun:
-        _unrun.append(report.nodeid)
+    nodeid = _without_group(report.nodeid)
+    if report.skipped and not hasattr(report, "wasxfail") and nodeid not in _unrun:
+        _unrun.append(nodeid)
 
 
 def pytest_collectreport(report):

@@ -49,7 +49,8 @@ def check_randaugment_dataset(name: str, randaugment) -> None:
 
 def load_dataset(
     name: str, path: str | os.PathLike | None = None, *, image_size: int | None = None, seed: int = 0,
-    randaugment: tuple[int, float] | None = None,
+    randaugment: tuple[int, float] | None = None, eval_crop_fraction: float | None = None,
+    minival_fraction: float = 0.0,
 ) -> ImageDataset:
     """The dataset ``name`` (one of ``DATASETS``).
 
@@ -63,17 +64,22 @@ def load_dataset(
     ``image_size`` (None: the dataset's own default -- 32, 32, 32, 224) sets the returned image side; ``seed``
     fixes the digits' canvases and the training crops of image folders and caption folders (CIFAR has no
     randomness). ``randaugment`` (image folders only): RandAugment (N, M) after the training crop and flip
-    (``ImageFolder``, ``data.randaugment``); None: none.
+    (``ImageFolder``, ``data.randaugment``); None: none. ``eval_crop_fraction`` and ``minival_fraction`` (image
+    folders only): a recipe's evaluation crop and held-out minival (``ImageFolder``; ``recipes.data_recipe_for``).
 
     Raises:
       ValueError: an unknown ``name``; ``randaugment`` for another dataset than imagefolder, or a bad one (also
-        ``randaugment.RandAugmentUnavailable``, a ValueError, without PyTorch or kornia) -- before any file is read.
+        ``randaugment.RandAugmentUnavailable``, a ValueError, without PyTorch or kornia), or an evaluation crop or
+        minival for another dataset -- before any file is read.
       DataError: a missing ``path`` where one is needed, a ``path`` for digits, or a bad path/layout/file;
         for files of another kind (an image folder given to cifar10, ...) one line naming both kinds.
     """
     if name not in DATASETS:
         raise ValueError(f"dataset {name!r} is not known; use one of {', '.join(DATASETS)}")
     check_randaugment_dataset(name, randaugment)
+    if name != "imagefolder" and (eval_crop_fraction is not None or minival_fraction):
+        raise ValueError(f"eval_crop_fraction={eval_crop_fraction!r}, minival_fraction={minival_fraction!r} apply to "
+                         f"image folders (dataset 'imagefolder'); dataset {name!r} has its own splits: leave them out")
     if name in ("digits", "digits-captions", "digit-glyphs"):
         if path is not None:
             raise DataError(f"{path}: dataset {name!r} is embedded and takes no path; drop --data-dir")
@@ -88,7 +94,8 @@ def load_dataset(
             return Cifar(path, variant=name, image_size=image_size or 32)
         if name == "captions":
             return ImageCaptions(path, image_size=image_size or 224, seed=seed)
-        return ImageFolder(path, image_size=image_size or 224, seed=seed, randaugment=randaugment)
+        return ImageFolder(path, image_size=image_size or 224, seed=seed, randaugment=randaugment,
+                           eval_crop_fraction=eval_crop_fraction, minival_fraction=minival_fraction)
     except DataError as error:
         found = data_kind(path)
         if found in ("unknown", name) or (found == "cifar" and name.startswith("cifar")):

@@ -325,7 +325,8 @@ def device_table(args) -> None:
     batch = jax.device_put({"image": rng.integers(0, 256, (batch_size, side, side, 3), dtype=np.uint8),
                             "label": rng.integers(0, config.num_classes, batch_size).astype(np.int32)})
     steps = {name: make_train_step(graphdef, tx, mixup_p=recipe.mixup_p, num_classes=config.num_classes,
-                                   randaugment=setting) for name, setting in (("plain", None), ("augmented", RANDAUGMENT))}
+                                   randaugment=setting)
+             for name, setting in (("plain", None), ("augmented", RANDAUGMENT))}
 
     @jax.jit
     def augment_alone(key, images, labels):
@@ -361,7 +362,8 @@ def main() -> None:
                              ("image_size", int, "image-folder side in px"), ("jpegs", int, "JPEG files made"),
                              ("loop_steps", int, "timed steps of table 2"), ("rounds", int, "rounds of table 2"),
                              ("pipeline_rounds", int, "rounds of table 1"),
-                             ("device_batch", int, "batch of table 3"), ("device_steps", int, "steps a round, table 3")]:
+                             ("device_batch", int, "batch of table 3"),
+                             ("device_steps", int, "steps a round, table 3")]:
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{text} {parser.size(name)}")
     parser.add_argument("--presets", nargs="*", help=f"[family:]preset of table 2 (default family vit), trained on "
                         f"the embedded digits {parser.size('presets')}")

@@ -2,11 +2,11 @@
 
 ``--record-unrun=PATH`` (stage 1, README command 1's install: no PyTorch, no nbgrader) writes the node id of every
 test that skipped or was deselected to PATH; ``--only-listed=PATH`` (stage 2, after PyTorch and the instructor
-extra are added) runs only those. Together they run the whole suite once; a user's ``python -m pytest`` (README
-command 2) runs all of it. Give the path with "=": pytest reads its command line before this file adds the
+extra are added) runs only those. Together they run the whole suite once; a user's README command 2 runs all of
+it. Give the path with "=": pytest reads its command line before this file adds the
 options, and a path standing on its own would be taken for a folder of tests (and the tests' root with it).
 
-README command 2 runs the suite in two pytest-xdist worker processes (``-n 2 --dist loadgroup``): the tests of
+README command 2 (which CI runs in both stages) runs the suite in two pytest-xdist worker processes (``-n 2 --dist loadgroup``): the tests of
 each file in ``SHARED_FIXTURE_FILES`` stay in one worker, so their module- or session-scoped fixture (a graded
 batch, a built website, an 8-device run) is made once; every other test goes wherever a worker is free. The
 skipped tests' reports reach the controlling process, which alone writes ``--record-unrun``.

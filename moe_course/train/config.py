@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from moe_course.data.randaugment import check_randaugment
 from moe_course.checks import check_choices, check_integers, check_number, replace_validated
+from moe_course.data.randaugment import check_randaugment
 
 DECAYS = ("cosine", "linear")
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -36,8 +36,8 @@ class TrainConfig:
     mixup_p: mixup (``train.mixup``, big_vision ``utils.get_mixup``): 0 = off; else each step mixes its batch
     with itself rolled by one at a ratio max(a, 1 - a), a ~ Beta(p, p). randaugment: RandAugment (N, M) of the
     training images on the accelerator, inside the compiled step before mixup (``train.randaugment``; the same
-    operations and magnitudes as an image folder's ``randaugment`` in the input workers); None = off. recipe: the recipe's name
-    (``moe_course.recipes``), written to run.json; "" for none.
+    operations and magnitudes as an image folder's ``randaugment`` in the input workers); None = off. recipe: the
+    recipe's name (``moe_course.recipes``), written to run.json; "" for none.
     Raises ValueError from ``validate`` (and ``replace``) naming the field, e.g. ``warmup_steps`` > ``steps``.
     """
 

@@ -14,9 +14,8 @@ different (equally distributed) augmentations.
 
 Why on the accelerator: a GPU training ViT-S/16 at 8,000 images/s would need some 25 CPU cores for kornia alone;
 here the CPU only decodes, crops and flips. Each image computes all 15 operations' outputs and keeps the one drawn
-(``jax.vmap`` of a choice turns into a select), with the five geometric ones folded into one bilinear warp, so the
-cost is about a dozen passes over the batch per operation applied: measured against the ViT-S/16 step in
-benchmarks/input_pipeline.py (``--tables 3``).
+(``jax.vmap`` of a choice turns into a select), with the five geometric ones folded into one bilinear warp; its
+cost against the ViT-S/16 step is measured by benchmarks/input_pipeline.py (``--tables 3``; benchmarks/README.md).
 """
 
 from __future__ import annotations

@@ -388,6 +388,7 @@ def _check_no_init_flags(args) -> None:
 def _finetune(args, data_workers: int, randaugment) -> dict:
     """``train --init-checkpoint``: a released vmoe / big_vision checkpoint fine-tuned on --dataset with a new
     head (``reference.finetune.finetune_start``) and the fine-tuning recipe (``recipes.FINETUNE``)."""
+    from moe_course.models import with_dtype
     from moe_course.recipes import FINETUNE, data_recipe_for
     from moe_course.reference.evaluate import load_reference
     from moe_course.reference.finetune import with_new_head
@@ -427,23 +428,12 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
     workdir = Path(args.workdir or Path("runs") / model_config.name)
     dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
     if dtype != model_config.dtype:
-        model = _with_dtype(model, model_config.replace(dtype=dtype))
+        model = with_dtype(model, dtype)
         model_config = model.config
     print(describe_precision(model_config, why))
     report_devices(model_config)
     mesh = _scale_out(args, model_config)
     return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers)
-
-
-def _with_dtype(model, config):
-    """A copy of ``model`` built for ``config`` (another computation dtype), holding the same parameters."""
-    from flax import nnx
-
-    from moe_course.models import build_model
-
-    copy = build_model(config, rngs=nnx.Rngs(0))
-    nnx.update(copy, nnx.state(model))
-    return copy
 
 
 def _final_split(dataset) -> str | None:

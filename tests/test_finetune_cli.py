@@ -19,10 +19,11 @@ from moe_course.reference.finetune import finetune_start, with_new_head
 pytestmark = pytest.mark.filterwarnings("ignore::moe_course.routing.CapacityRoundingWarning")  # vmoe's rounding
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reference"
-CASES = {  # format -> (checkpoint, extra flags)
-    "big_vision": (FIXTURES / "bv_tok.npz", []),
+CASES = {  # format[-variant] -> (checkpoint, extra flags, the checkpoint's classes)
+    "big_vision": (FIXTURES / "bv_tok.npz", [], 7),
+    "big_vision-sincos2d": (FIXTURES / "bv_sincos.npz", [], 6),  # no position embeddings in the checkpoint
     "vmoe": (FIXTURES / "vmoe_small_bpr", ["--init-model-config", str(FIXTURES / "vmoe_small_bpr.model.json"),
-                                           "--init-group-size", "2"]),
+                                           "--init-group-size", "2"], 7),
 }
 
 
@@ -47,16 +48,16 @@ def test_the_recipe_is_big_vision_transfer():
     assert (FINETUNE.warmup_steps, FINETUNE.decay, FINETUNE.end_lr_ratio, FINETUNE.steps) == (500, "cosine", 0.0, 10_000)
 
 
-@pytest.mark.parametrize("fmt", sorted(CASES))
-def test_the_body_is_the_checkpoints_and_the_head_is_new(fmt):
-    path, flags = CASES[fmt]
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_body_is_the_checkpoints_and_the_head_is_new(case):
+    (path, flags, classes), fmt = CASES[case], case.split("-")[0]
     options = dict(zip(flags[::2], flags[1::2]))
     kwargs = {"model_config": options.get("--init-model-config"),
               "group_size": int(options["--init-group-size"]) if "--init-group-size" in options else None}
     checkpoint = load_reference(path, fmt, image_size=32, **kwargs)
     model = with_new_head(checkpoint, num_classes=3, seed=5, name="tuned")  # what finetune_start returns
     assert (model.config.num_classes, model.config.value_range, model.config.image_size) == (3, "signed", 32)
-    assert model.head.kernel.shape[-1] == 3 and checkpoint.head.kernel.shape[-1] == 7
+    assert model.head.kernel.shape[-1] == 3 and checkpoint.head.kernel.shape[-1] == classes
     assert not np.any(model.head.kernel[...]) and not np.any(model.head.bias[...])  # re-initialised: zeros
     body, original = nnx.state(model, nnx.Param), nnx.state(checkpoint, nnx.Param)
     del body["head"], original["head"]
@@ -65,15 +66,15 @@ def test_the_body_is_the_checkpoints_and_the_head_is_new(fmt):
         finetune_start(path, fmt, num_classes=0, **kwargs)  # checked before the checkpoint is read
 
 
-@pytest.mark.parametrize("fmt", sorted(CASES))
-def test_fine_tuning_from_the_cli_lowers_the_loss(fmt, tmp_path, capsys):
-    """8 steps of 8 images at 32 px (the checkpoints are 16 px, 7 classes): exit 0, and the loss falls -- the new
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fine_tuning_from_the_cli_lowers_the_loss(case, tmp_path, capsys):
+    """8 steps of 8 images at 32 px (the checkpoints are 16 px, 6 or 7 classes): exit 0, and the loss falls -- the new
     head starts at zero, so the first step's loss is ln 3 exactly; the mean over the 8 steps (one record) and
     the loss on the folder's val/ end below it."""
     from moe_course.cli import main
     from moe_course.train.restore import load_run
 
-    path, flags = CASES[fmt]
+    (path, flags, _), fmt = CASES[case], case.split("-")[0]
     family = "vit" if fmt == "big_vision" else "vmoe"
     argv = ["train", family, "--init-checkpoint", str(path), "--init-format", fmt, *flags, "--image-size", "32",
             "--dataset", "imagefolder", "--data-dir", str(_folder(tmp_path / "data")), "--steps", "8",

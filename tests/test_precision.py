@@ -15,9 +15,10 @@ from moe_course.configs import config_from_dict, config_to_dict, get_preset
 from moe_course.layers import SoftMoE, SparseMoE
 from moe_course.models import build_model
 
-# Largest |logits_bf16 - logits_f32| over max |logits_f32| measured on these inputs: 0.6-3%; bfloat16 keeps 8
-# bits of mantissa (relative rounding 2^-9 = 0.2% per operation) through 4-6 blocks.
-RELATIVE_TOLERANCE = 0.05
+# Largest |logits_bf16 - logits_f32| over max |logits_f32| measured on these inputs: 0.5-1.0% (V-MoE 0.64%, Soft
+# MoE 0.51%, MoD 0.75% on the images it routes alike, LIMoE 0.96%); bfloat16 keeps 8 bits of mantissa (relative
+# rounding 2^-9 = 0.2% per operation) in every branch of 4-6 blocks, the residual stream is float32.
+RELATIVE_TOLERANCE = 0.03
 # The dense ViT's path is inside every other model; the MoD ViT at 16 patches routes on attention maps. Experts
 # choice shares the float32 router of tokens choice (and the layer test below covers its allocation code path).
 FAMILIES = [("vmoe", "digits-tiny-moe", {}), ("soft-moe", "digits-tiny-soft", {}),
@@ -82,7 +83,12 @@ def test_bfloat16_forward_is_close_and_routes_alike(family, preset, changes):
     y32, out32, logged32 = _forward(m32, config)
     y16, out16, logged16 = _forward(m16, config)
     assert y16.dtype == jnp.float32  # logits and contrastive embeddings stay float32
-    assert float(jnp.abs(y16 - y32).max()) <= RELATIVE_TOLERANCE * float(jnp.abs(y32).max())
+    alike = np.ones(len(y32), bool)  # images every MoD block routes as in float32 (others: near ties, checked below)
+    for r32, r16 in zip(out32.routing, out16.routing):
+        if hasattr(r32, "processed"):
+            alike &= np.all(np.asarray(r32.index) == np.asarray(r16.index), axis=-1)
+    assert alike.mean() >= 0.75
+    assert float(jnp.abs(y16 - y32)[alike].max()) <= RELATIVE_TOLERANCE * float(jnp.abs(y32).max())
     for layer, (r32, r16) in enumerate(zip(out32.routing, out16.routing)):
         if hasattr(r32, "dispatch_weights"):  # Soft MoE: weights, not decisions; measured 2e-4
             assert r16.dispatch_weights.dtype == jnp.float32
@@ -101,6 +107,36 @@ def test_bfloat16_forward_is_close_and_routes_alike(family, preset, changes):
             top = -np.sort(-s32, axis=-1)
             stable = top[:, kept - 1] - top[:, kept] > 2 * np.abs(s16 - s32).max()
             np.testing.assert_array_equal(np.asarray(r16.index)[stable], np.asarray(r32.index)[stable])
+
+
+def test_bfloat16_models_carry_the_residual_stream_in_float32():
+    """Under dtype="bfloat16" the embedded tokens and every block's x + f(x) are float32 and the branches (attention,
+    MLP, MoE) return bfloat16 -- vmoe's bfloat16 mode (nn/vit_moe.py). Shapes and dtypes only (jax.eval_shape)."""
+    from moe_course.layers import MoDBlock
+
+    for family, preset, changes in [("vit", "digits-tiny", {})] + FAMILIES:
+        config = get_preset(family, preset).replace(dtype="bfloat16", **changes)
+        model = build_model(config, rngs=nnx.Rngs(0))
+        images = jax.ShapeDtypeStruct((8, config.image_size, config.image_size, config.channels), jnp.float32)
+        if family == "limoe":
+            text = jax.ShapeDtypeStruct((8, config.seq_len), jnp.int32)
+            tokens = jax.eval_shape(lambda i, t: model._inputs(i, t, None)[0], images, text)
+            assert [t.dtype for t in tokens] == [jnp.float32] * 2, family
+            continue
+
+        def stream(images):
+            xs, branches, previous = [model.embed(images)], [], None
+            for block in model.blocks:
+                inner = block.block if isinstance(block, MoDBlock) else block
+                branches.append(inner.attn(inner.norm1(xs[-1])))
+                kwargs = {"previous_attention": previous} if isinstance(block, MoDBlock) else {}
+                x, previous, _ = block(xs[-1], return_attention=True, **kwargs)
+                xs.append(x)
+            return xs, branches
+
+        xs, branches = jax.eval_shape(stream, images)
+        assert [x.dtype for x in xs] == [jnp.float32] * (1 + config.depth), family
+        assert {b.dtype for b in branches} == {jnp.dtype(jnp.bfloat16)}, family
 
 
 def test_layers_route_bit_identically_in_bfloat16():

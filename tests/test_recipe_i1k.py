@@ -18,7 +18,7 @@ from PIL import Image
 from moe_course.analysis.flops import flops_per_image
 from moe_course.configs import get_preset
 from moe_course.models import build_model
-from moe_course.models.vit import sincos2d_position_embeddings
+from moe_course.models.vit import fixed_position_embeddings, sincos2d_position_embeddings, vit_param_count
 from moe_course.recipes import I1K_PRESETS, I1K_SOURCE, data_recipe_for, recipe_for
 from moe_course.train.config import TrainConfig
 from moe_course.train.optim import kernel_mask, make_optimizer
@@ -43,6 +43,9 @@ TABLE = [
     ("width, depth, heads, MLP, patch", (MODEL.width, MODEL.depth, MODEL.heads, MODEL.mlp_dim, MODEL.patch_size),
      (384, 12, 6, 1536, 16), "variant='S/16' (big_vision/models/vit.py)"),
     ("classes", MODEL.num_classes, 1000, "config.num_classes = 1000"),
+    ("parameters", vit_param_count(MODEL), 22_122_472,
+     "vit.Model(1000, variant='S/16', posemb='sincos2d', rep_size=True, pool_type='gap'): its init's leaves, counted "
+     "(jax.eval_shape); the fixed table is no parameter"),
     ("image size", MODEL.image_size, 224, "'decode_jpeg_and_inception_crop(224)'"),
     ("loss", "softmax_xent", "softmax_xent", "config.loss = 'softmax_xent' (train.objectives.soft_cross_entropy)"),
     ("optimizer", RECIPE.optimizer, "adam", "config.optax_name = 'scale_by_adam'"),
@@ -125,7 +128,7 @@ def test_signed_value_range_and_fixed_position_embeddings_under_training():
 
     for _ in range(3):
         params, opt_state = step(params, opt_state)
-    assert np.array_equal(params["pos_embed"][...], model.pos_embed[...])  # sincos2d: never trained or decayed
+    assert model.pos_embed is None and "pos_embed" not in params  # sincos2d: a constant, never trained or decayed
     assert not np.array_equal(params["patch_embed"]["proj"]["kernel"][...], model.patch_embed.proj.kernel[...])
     mu = [leaf for leaf in jax.tree.leaves(opt_state) if hasattr(leaf, "dtype") and leaf.ndim >= 2]
     assert {str(leaf.dtype) for leaf in mu} == {"bfloat16", "float32"}  # mu bfloat16, nu float32
@@ -139,7 +142,8 @@ def test_the_pytorch_twin_computes_the_same_logits():
     model = _tiny_model()
     images = np.random.default_rng(0).uniform(size=(2, 32, 32, 3)).astype(np.float32)
     twin = to_torch(model)
-    assert not twin.pos_embed.requires_grad
+    assert "pos_embed" not in twin.state_dict() and "pos_embed" not in dict(twin.named_parameters())
+    np.testing.assert_array_equal(twin.pos_embed.numpy(), fixed_position_embeddings(model.config))
     with torch.no_grad():
         logits = twin(torch.from_numpy(images).permute(0, 3, 1, 2)).logits.numpy()
     want = np.asarray(model(jnp.asarray(images)).logits)

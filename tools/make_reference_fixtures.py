@@ -4,11 +4,15 @@ Runs google-research/vmoe's ``VisionTransformerMoe`` (with its router, einsum di
 MLPs, float32 dispatch) and google-research/big_vision's ViT on random weights, and writes, per case, into
 ``--out`` (default tests/fixtures/reference):
 
-* the checkpoint in the reference's own format -- big_vision: ``<case>.npz`` ('/'-joined names, as
-  big_vision's ``load_params`` reads them); vmoe: ``<case>.index`` + ``<case>.data-0000i-of-00002`` written by
+* the checkpoint in the reference's own format -- big_vision: ``<case>.npz``, its parameters named by big_vision's
+  own ``utils.tree_flatten_with_names`` and saved with ``np.savez``, as its released ``.npz`` checkpoints are, and
+  read back by its ``utils.load_checkpoint_np`` to the same tree; vmoe: ``<case>.index`` + ``<case>.data-0000i-of-00002`` written by
   vmoe's own ``vmoe.checkpoints.partitioned.save_checkpoint``, and ``<case>.model.json``, the ``config.model``
   dict the model was built from;
-* ``<case>.outputs.npz``: the input images, the reference logits and, for vmoe, per MoE block the routing
+* ``<case>.outputs.npz``: the input images, the reference logits, ``logits_bfloat16`` (the same model on the
+  same float32 weights in the reference's own bfloat16 mode: big_vision's ``dtype_mm="bfloat16"``, vmoe's
+  ``encoder.dtype="bfloat16"``; the reference code's own bfloat16 error is its distance from ``logits``) and,
+  for vmoe, per MoE block the routing
   decisions (``served_<block>``: (groups, tokens, experts) bool, the (token, expert) pairs that got a buffer
   slot; ``gates_<block>``: their combine weights; for Soft MoE ``dispatch_<block>`` and ``combine_<block>``,
   (groups, tokens, slots)). vmoe's Soft MoE router always dispatches in bfloat16; the script replaces that
@@ -21,10 +25,9 @@ the names/shapes (``<case>.shapes.json``), the images and the outputs are stored
     python tools/make_reference_fixtures.py --vmoe PATH --vit-jax PATH --big-vision PATH [--out DIR] [--only CASE ...]
 
 (PATHs: checkouts of google-research/vmoe, google-research/vision_transformer -- vmoe imports its
-``vit_jax`` -- and google-research/big_vision.) Needs jax, flax, ml_collections, absl. big_vision's
-``models/vit.py`` imports ``big_vision.utils`` (which needs TensorFlow) only for checkpoint loading, which this
-script does not use; when TensorFlow is absent those two helper modules are replaced by empty stand-ins, and
-vmoe's checkpoint I/O (``tensorflow.io.gfile``) by the local file system's.
+``vit_jax`` -- and google-research/big_vision.) Needs jax, flax, ml_collections, absl, einops. Without
+TensorFlow, ``tensorflow.io.gfile`` (big_vision's ``utils`` and vmoe's checkpoint I/O) is replaced by the local
+file system's.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ SMALL_VMOE = {  # vmoe's config.model: 4 blocks, MoE in 1 and 3, 4 experts, grou
 }
 
 
-def vmoe_case(changes: dict) -> dict:
-    model = json.loads(json.dumps(SMALL_VMOE))
+def vmoe_case(changes: dict, base: dict = SMALL_VMOE) -> dict:
+    """A copy of the vmoe ``config.model`` ``base`` with ``changes`` ({dotted path: value}) made."""
+    model = json.loads(json.dumps(base))
     for path, value in changes.items():
         tree = model
         *parents, last = path.split(".")
@@ -86,6 +90,9 @@ BIG_VISION_CASES = {  # name: (model kwargs, image size, resized image size or N
                     rep_size=24, head_zeroinit=False), 16, 24),
     "bv_gap_scan": (dict(num_classes=5, patch_size=(4, 4), width=32, depth=3, mlp_dim=48, num_heads=4,
                          pool_type="gap", scan=True, head_zeroinit=False), 16, None),
+    # the i1k recipe's kind (vit_s16_i1k.py): fixed sincos2d position embeddings, none in the checkpoint
+    "bv_sincos": (dict(num_classes=6, patch_size=(4, 4), width=32, depth=2, mlp_dim=64, num_heads=2, pool_type="gap",
+                       posemb="sincos2d", rep_size=True, head_zeroinit=False), 16, 24),
 }
 
 
@@ -101,6 +108,11 @@ def perturb(params, seed: int):
 
 def images(seed: int, count: int, size: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(-1, 1, size=(count, size, size, 3)).astype(np.float32)
+
+
+def bfloat16_error(outputs: dict) -> str:
+    error = np.abs(outputs["logits_bfloat16"] - outputs["logits"])
+    return f"bfloat16 |logit error| max {error.max():.4g}, median {np.median(error):.4g}"
 
 
 def vmoe_outputs(model, params, x, soft: bool):
@@ -130,7 +142,8 @@ def vmoe_outputs(model, params, x, soft: bool):
 
 
 def local_gfile() -> None:
-    """Without TensorFlow, ``tensorflow.io.gfile`` (vmoe's checkpoint file I/O) as the local file system."""
+    """Without TensorFlow, ``tensorflow.io.gfile`` (big_vision's and vmoe's checkpoint file I/O) as the local file
+    system."""
     try:
         import tensorflow  # noqa: F401
         return
@@ -174,10 +187,13 @@ def make_vmoe(name: str, model_config: dict, size: int, count: int, out: Path, *
     (out / f"{name}.model.json").write_text(json.dumps(model_config, indent=1, sort_keys=True))
     soft = "SoftRouter" in model_config["encoder"]["moe"]["router"].get("name", "")
     outputs = vmoe_outputs(model, params, x, soft)
+    bfloat16 = VisionTransformerMoe(deterministic=True, **vmoe_case({"encoder.dtype": "bfloat16"}, model_config))
+    outputs["logits_bfloat16"] = np.asarray(bfloat16.apply({"params": params}, x)[0], np.float32)
     np.savez_compressed(out / f"{name}.outputs.npz", **outputs)
     served = [v.sum(-1).mean() / model_config["encoder"]["moe"]["router"].get("num_selected_experts", 1)
               for k, v in outputs.items() if k.startswith("served_")]
-    print(f"{name}: logits {outputs['logits'].shape}, served fraction of choices per MoE block {np.round(served, 3)}")
+    print(f"{name}: logits {outputs['logits'].shape}, served fraction of choices per MoE block {np.round(served, 3)}, "
+          f"{bfloat16_error(outputs)}")
 
 
 def _unflat(arrays: dict) -> dict:
@@ -204,39 +220,42 @@ def paper_config(layers: list[int], batch_priority: bool, capacity: float) -> di
                                                           "batch_priority": batch_priority}}}}}
 
 
-def import_big_vision_vit():
-    try:
-        import tensorflow  # noqa: F401
-    except ImportError:  # vit.py needs big_vision.utils / models.common only for loading checkpoints
-        for module in ("big_vision.utils", "big_vision.models.common"):
-            sys.modules[module] = types.ModuleType(module)
+def import_big_vision():
+    """big_vision's ``models.vit`` and ``utils``. flax's checkpoint module is imported first, while TensorFlow is
+    still absent (flax.io then uses the local file system), then the stand-in gfile goes in for big_vision."""
+    import flax.training.checkpoints  # noqa: F401
+
+    local_gfile()
+    from big_vision import utils
     from big_vision.models import vit
 
-    return vit
+    return vit, utils
 
 
 def make_big_vision(name: str, kwargs: dict, size: int, resized: int | None, out: Path) -> None:
     import jax
 
-    from moe_course.reference.names import flatten
-
-    vit = import_big_vision_vit()
+    vit, utils = import_big_vision()
     model = vit.Model(**kwargs)
     x = images(len(name), 3, size)
     params = perturb(model.init(jax.random.key(2), x)["params"], seed=len(name))
-    arrays = flatten(jax.tree.map(np.asarray, params))
+    arrays = dict(utils.tree_flatten_with_names(jax.tree.map(np.asarray, params))[0])
     np.savez(out / f"{name}.npz", **arrays)
+    loaded = utils.load_checkpoint_np(str(out / f"{name}.npz"))
+    assert jax.tree.all(jax.tree.map(np.array_equal, loaded, jax.tree.map(np.asarray, params))), name
     logits, _ = model.apply({"params": params}, x)
-    outputs = {"images": x, "logits": np.asarray(logits)}
-    if resized:  # big_vision's own high-resolution fine-tuning path: resample_posemb
-        big = vit.Model(**kwargs)
-        x2 = images(len(name) + 1, 3, resized)
-        new_shape = jax.eval_shape(lambda: big.init(jax.random.key(0), x2))["params"]["pos_embedding"]
-        params2 = dict(params, pos_embedding=vit.resample_posemb(np.asarray(params["pos_embedding"]),
-                                                                 np.zeros(new_shape.shape, np.float32)))
-        outputs |= {"images_resized": x2, "logits_resized": np.asarray(big.apply({"params": params2}, x2)[0])}
+    logits16, _ = vit.Model(**kwargs, dtype_mm="bfloat16").apply({"params": params}, x)
+    outputs = {"images": x, "logits": np.asarray(logits), "logits_bfloat16": np.asarray(logits16, np.float32)}
+    if resized:  # big_vision at another image size: resample_posemb (its fine-tuning path), or for sincos2d
+        x2 = images(len(name) + 1, 3, resized)  # none: the model recomputes the table for the larger grid
+        params2 = params
+        if "pos_embedding" in params:
+            new_shape = jax.eval_shape(lambda: model.init(jax.random.key(0), x2))["params"]["pos_embedding"]
+            params2 = dict(params, pos_embedding=vit.resample_posemb(np.asarray(params["pos_embedding"]),
+                                                                     np.zeros(new_shape.shape, np.float32)))
+        outputs |= {"images_resized": x2, "logits_resized": np.asarray(model.apply({"params": params2}, x2)[0])}
     np.savez_compressed(out / f"{name}.outputs.npz", **outputs)
-    print(f"{name}: {len(arrays)} arrays, logits {outputs['logits'].shape}")
+    print(f"{name}: {len(arrays)} arrays, logits {outputs['logits'].shape}, {bfloat16_error(outputs)}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -253,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, (kwargs, size, resized) in filter(lambda item: wanted(item[0]), BIG_VISION_CASES.items()):
         make_big_vision(name, kwargs, size, resized, out)
-    local_gfile()
+    local_gfile()  # (a second call changes nothing)
     for name, (model_config, size, count) in filter(lambda item: wanted(item[0]), VMOE_CASES.items()):
         make_vmoe(name, model_config, size, count, out)
     for name, (layers, bpr, capacity) in filter(lambda item: wanted(item[0]), PAPER_CASES.items()):

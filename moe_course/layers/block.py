@@ -11,6 +11,12 @@ from moe_course.layers.mlp import MLP
 from moe_course.layers.moe import MoEOutput
 
 LAYER_NORM_EPS = 1e-6
+# The residual stream's dtype whatever the computation dtype: the patch embedding, the embedded tokens and every
+# block's x + f(x) are float32 and only the branches f compute in ``dtype`` -- as vmoe's VisionTransformerMoe
+# under ``encoder.dtype="bfloat16"`` (nn/vit_moe.py: its ``embedding`` Conv has no dtype, and ``EncoderBlock``'s
+# ``x + inputs`` promotes); big_vision's ViT under ``dtype_mm`` adds its float32 ``pos_embedding`` the same way
+# (models/vit.py), but runs the patch Conv in bfloat16. tests/test_reference_models.py measures both.
+RESIDUAL_DTYPE = jnp.float32
 
 
 class EncoderBlock(nnx.Module):
@@ -20,6 +26,8 @@ class EncoderBlock(nnx.Module):
     replaces the MLP of some blocks with a sparse MoE layer, Sec. 2.1). gelu: the dense MLP's GELU
     (``MLP``). dtype / param_dtype: computation and parameter dtypes of the LayerNorms (their statistics are
     float32 always, as Flax computes them), the attention and the dense MLP; an ``mlp`` module brings its own.
+    The branches return ``dtype``; the sums x + f(x) are in the promoted dtype of x and the branch, so a
+    float32 x (the models' residual stream, ``RESIDUAL_DTYPE``) stays float32 under dtype=bfloat16.
     attention_mask: (batch, tokens, tokens) bool or None, which keys each query sees. token_mask, modality:
     (batch, tokens) bool / int or None, handed to an MoE ``mlp`` (padding takes no expert slot; LIMoE's
     per-modality aux losses); a dense MLP treats every token alike.

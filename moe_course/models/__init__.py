@@ -28,6 +28,15 @@ def build_model(config, *, rngs: nnx.Rngs) -> nnx.Module:
     return cls(config, rngs=rngs)
 
 
+def with_dtype(model: nnx.Module, dtype: str) -> nnx.Module:
+    """A copy of ``model`` that computes in ``dtype`` ("float32" or "bfloat16", the config's ``dtype``) and holds
+    the same parameters and state (``param_dtype`` unchanged), e.g. a float32 checkpoint evaluated in bfloat16.
+    Raises ValueError (from the config's validation) for another dtype."""
+    copy = nnx.eval_shape(lambda: build_model(model.config.replace(dtype=dtype), rngs=nnx.Rngs(0)))
+    nnx.update(copy, nnx.state(model))
+    return copy
+
+
 __all__ = ["ContrastiveOutput", "LIMoE", "MoDViT", "ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model",
            "count_params", "limoe_param_count", "mod_from_vit", "mod_param_count", "patchify", "pruned_experts", "soft_moe_param_count",
-           "temporary_routing", "truncated_vit", "vit_param_count", "vmoe_param_count", "with_routing"]
+           "temporary_routing", "truncated_vit", "vit_param_count", "vmoe_param_count", "with_dtype", "with_routing"]

@@ -29,7 +29,7 @@ from flax import nnx, struct
 
 from moe_course.configs.limoe import LIMoEConfig
 from moe_course.data.tokenizer import PAD_ID
-from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
+from moe_course.layers.block import LAYER_NORM_EPS, RESIDUAL_DTYPE, EncoderBlock
 from moe_course.layers.multimodal_moe import MultimodalMoE
 from moe_course.models.vit import PatchEmbed, count_params, precision
 from moe_course.models.vmoe import sparse_moe_settings
@@ -85,9 +85,10 @@ class LIMoE(nnx.Module):
     Call: images (batch, S, S, C) float32 and/or text (batch, seq_len) int32 with text_mask (batch, seq_len)
     bool (None: every id != PAD_ID is real) -> ContrastiveOutput. With both, row j of images and text is
     pair j. ``batch`` must be a multiple of ``config.group_size`` when the model has MoE layers.
-    Precision (``config.dtype`` / ``param_dtype``): the embeddings and the encoder compute in ``dtype``; the
-    final LayerNorm's output, the pooling, the projections and the normalised embeddings are float32, so the
-    contrastive logits and loss are float32, as the routers and their losses are.
+    Precision (``config.dtype`` / ``param_dtype``): the encoder's branches (attention, MLP or MoE) compute in
+    ``dtype``; the residual stream (the patch and token embeddings and every block's x + f(x)) is float32, as in
+    ``ViT``; the final LayerNorm's output, the pooling, the projections and the normalised embeddings are
+    float32, so the contrastive logits and loss are float32, as the routers and their losses are.
     Raises ValueError for an invalid config (before any parameter is made), for no input, for inputs of the
     wrong shape, or for images and text of different batch sizes.
     """
@@ -102,9 +103,10 @@ class LIMoE(nnx.Module):
         mixed = precision(c)
         param_dtype = mixed["param_dtype"]
         float32 = {"dtype": jnp.float32, "param_dtype": param_dtype}
-        self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.width, **mixed, rngs=rngs)
+        residual = {"dtype": RESIDUAL_DTYPE, "param_dtype": param_dtype}  # the embeddings start the stream (ViT)
+        self.patch_embed = PatchEmbed(c.patch_size, c.channels, c.width, **residual, rngs=rngs)
         self.image_pos_embed = nnx.Param(init(rngs.params(), (1, c.num_patches, c.width), param_dtype))
-        self.token_embed = nnx.Embed(c.vocab_size, c.width, embedding_init=init, **mixed, rngs=rngs)
+        self.token_embed = nnx.Embed(c.vocab_size, c.width, embedding_init=init, **residual, rngs=rngs)
         self.text_pos_embed = nnx.Param(init(rngs.params(), (1, c.seq_len, c.width), param_dtype))
         self.blocks = nnx.List([
             EncoderBlock(c.width, c.heads, c.mlp_dim, dropout=c.dropout, rngs=rngs, mlp=self._mlp(block, rngs),

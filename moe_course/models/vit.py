@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from moe_course.configs.vit import ViTConfig
-from moe_course.layers.block import LAYER_NORM_EPS, EncoderBlock
+from moe_course.layers.block import LAYER_NORM_EPS, RESIDUAL_DTYPE, EncoderBlock
 from moe_course.models.output import ModelOutput
 
 
@@ -39,17 +39,17 @@ def sincos2d_position_embeddings(side: int, width: int, temperature: float = 10_
     return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1)[None].astype(np.float32)
 
 
-def initial_position_embeddings(config: ViTConfig, key: jax.Array) -> jax.Array:
-    """(1, num_tokens, width) in ``param_dtype``: a normal(0.02) draw from ``key`` (posemb "learned"), or the
-    sincos2d table with a zero class-token entry in front where pool="cls" (big_vision adds the position
-    embeddings before it prepends the class token)."""
-    dtype = jnp.dtype(config.param_dtype)
-    if config.posemb == "learned":
-        return nnx.initializers.normal(stddev=0.02)(key, (1, config.num_tokens, config.width), dtype)
+def fixed_position_embeddings(config: ViTConfig) -> np.ndarray:
+    """The constant position embeddings of a ``posemb="sincos2d"`` config: (1, num_tokens, width) float32, the
+    sincos2d table of the config's patch grid with a zero class-token entry in front where pool="cls" (big_vision
+    adds the position embeddings before it prepends the class token). Not a parameter: big_vision's ``get_posemb``
+    recomputes the table in every call and its checkpoints hold none. Raises ValueError for a learned config."""
+    if config.posemb != "sincos2d":
+        raise ValueError(f"posemb={config.posemb!r} has no fixed table; only 'sincos2d' does")
     table = sincos2d_position_embeddings(config.image_size // config.patch_size, config.width)
     if config.pool == "cls":
         table = np.concatenate([np.zeros((1, 1, config.width), np.float32), table], axis=1)
-    return jnp.asarray(table, dtype)
+    return table
 
 
 def precision(config: ViTConfig) -> dict:
@@ -76,15 +76,18 @@ class PatchEmbed(nnx.Module):
 
 
 class ViT(nnx.Module):
-    """Patch embedding + position embeddings (learned or sincos2d; + class token) -> pre-LN encoder -> LayerNorm
-    -> head. With ``config.value_range="signed"`` the images are mapped from [0, 1] to [-1, 1] first.
+    """Patch embedding + position embeddings (learned: the Param ``pos_embed``; sincos2d: a constant, and
+    ``pos_embed`` is None) (+ class token) -> pre-LN encoder -> LayerNorm -> head. With
+    ``config.value_range="signed"`` the images are mapped from [0, 1] to [-1, 1] first.
 
     Call: images (batch, image_size, image_size, channels) float32 -> ModelOutput with logits
     (batch, num_classes); ``return_attention=True`` also fills ``attention`` with one
     (batch, heads, tokens, tokens) map per block (class token first when pool="cls").
-    Precision (``config.dtype`` / ``config.param_dtype``): the patch embedding and the blocks compute in
-    ``dtype`` and carry the residual stream in it; the final LayerNorm's output, the pooling, the pre-logits
-    layer and the head are float32, so the logits are float32 (as big_vision's head).
+    Precision (``config.dtype`` / ``config.param_dtype``): the blocks' branches (attention, MLP or MoE) compute
+    in ``dtype``; the residual stream -- the patch embedding, the embedded tokens and every block's x + f(x) --
+    is float32 whatever ``dtype`` says (``layers.block.RESIDUAL_DTYPE``), as vmoe's ``VisionTransformerMoe``
+    under ``encoder.dtype`` computes it (nn/vit_moe.py); the final LayerNorm's output, the pooling, the
+    pre-logits layer and the head are float32, so the logits are float32 (as big_vision's head).
     Raises ValueError (from ViTConfig.validate) for an invalid config, before any parameter is made.
     """
 
@@ -93,10 +96,13 @@ class ViT(nnx.Module):
         self.config = config
         d = config.width
         param_dtype = precision(config)["param_dtype"]
-        self.patch_embed = PatchEmbed(config.patch_size, config.channels, d, **precision(config), rngs=rngs)
-        # A sincos2d table is a Param too (same name in every framework and checkpoint), kept fixed: ``embed``
-        # stops its gradient, and the optimizers decay kernels only.
-        self.pos_embed = nnx.Param(initial_position_embeddings(config, rngs.params()))
+        # float32 like vmoe's ``embedding`` Conv (no dtype): the residual stream starts here (``RESIDUAL_DTYPE``)
+        self.patch_embed = PatchEmbed(config.patch_size, config.channels, d, dtype=RESIDUAL_DTYPE,
+                                      param_dtype=param_dtype, rngs=rngs)
+        # learned: a normal(0.02) start; sincos2d: no state at all (``embed`` adds ``fixed_position_embeddings``),
+        # so neither the parameter count, the optimizer nor a checkpoint holds the fixed table
+        self.pos_embed = (nnx.Param(nnx.initializers.normal(stddev=0.02)(
+            rngs.params(), (1, config.num_tokens, d), param_dtype)) if config.posemb == "learned" else None)
         self.cls_token = nnx.Param(jnp.zeros((1, 1, d), param_dtype)) if config.pool == "cls" else None
         self.blocks = nnx.List([self.make_block(i, rngs) for i in range(config.depth)])
         float32 = {"dtype": jnp.float32, "param_dtype": param_dtype}
@@ -121,7 +127,8 @@ class ViT(nnx.Module):
         return jnp.zeros((), jnp.float32)
 
     def embed(self, images: jax.Array) -> jax.Array:
-        """images -> tokens (batch, num_tokens, width) with position embeddings (and class token) added."""
+        """images -> tokens (batch, num_tokens, width) float32 (the residual stream) with position embeddings (and
+        class token) added."""
         expected = (self.config.image_size, self.config.image_size, self.config.channels)
         if tuple(images.shape[1:]) != expected:
             raise ValueError(f"images have shape {tuple(images.shape[1:])} per example; this model expects {expected}")
@@ -131,10 +138,9 @@ class ViT(nnx.Module):
         if self.cls_token is not None:
             cls = self.cls_token[...].astype(x.dtype)
             x = jnp.concatenate([jnp.broadcast_to(cls, (x.shape[0], 1, x.shape[-1])), x], axis=1)
-        posemb = self.pos_embed[...]
-        if self.config.posemb == "sincos2d":
-            posemb = jax.lax.stop_gradient(posemb)
-        return x + posemb.astype(x.dtype)
+        if self.pos_embed is None:  # sincos2d: a constant of the traced program
+            return x + jnp.asarray(fixed_position_embeddings(self.config), x.dtype)
+        return x + self.pos_embed[...].astype(x.dtype)
 
     def pool(self, x: jax.Array) -> jax.Array:
         """Final normalised tokens (batch, tokens, width) -> image representation (batch, width or

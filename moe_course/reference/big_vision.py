@@ -6,7 +6,8 @@ big_vision saves a ViT's parameters as one ``.npz`` whose keys are the '/'-joine
 big_vision                                           ours                                       change
 ===================================================  =========================================  ===============
 ``embedding/{kernel,bias}``  (p, p, C, width)         ``patch_embed.proj.{kernel,bias}``         --
-``pos_embedding`` (1, patches, width)                ``pos_embed`` (1, [1 +] patches, width)    see below
+``pos_embedding`` (1, patches, width); none for     ``pos_embed`` (1, [1 +] patches, width);   see below
+``posemb="sincos2d"``                                a constant (``posemb="sincos2d"``)
 ``cls`` (1, 1, width)                                ``cls_token``                              --
 ``Transformer/encoderblock_{i}/LayerNorm_0``         ``blocks.{i}.norm1``                       --
 ``.../MultiHeadDotProductAttention_0/{query,key,``   ``blocks.{i}.attn.{query,key,value,out}``  heads merged
@@ -23,7 +24,11 @@ token in front, so the class token has none: our ``pos_embed`` gets a zero entry
 checkpoints whose position embeddings include a class-token entry (``Transformer/posembed_input/pos_embedding``
 or ``Transformer/pos_embedding``, 1 + a square) keep that entry. When ``image_size`` differs from the
 checkpoint's, the grid of position embeddings is resized by bilinear interpolation and the class-token entry
-kept (``resize_position_embeddings``; big_vision's ``resample_posemb``).
+kept (``resize_position_embeddings``; big_vision's ``resample_posemb``). A checkpoint without position
+embeddings is a ``posemb="sincos2d"`` model (big_vision ``models/vit.py`` ``get_posemb``: the fixed table is
+recomputed from the patch grid in every call, never saved); our config gets ``posemb="sincos2d"``, which
+recomputes the same table (``models.vit.sincos2d_position_embeddings``) at any image size. Such a checkpoint
+records no image size: ``image_size`` defaults to 224 (every big_vision ImageNet recipe's).
 
 The model computes big_vision's function: ``flax.linen.gelu`` is the tanh approximation, so the config has
 ``gelu="tanh"``; LayerNorm epsilon 1e-6 as ours. Pools: big_vision's "tok" -> "cls" (a ``cls`` parameter is
@@ -75,12 +80,12 @@ def unscan(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _posemb_name(arrays: Mapping[str, np.ndarray]) -> str:
-    found = [name for name in POSEMB_NAMES if name in arrays]
-    if not found:
-        raise ValueError(f"the checkpoint has no position embeddings (looked for {', '.join(POSEMB_NAMES)}); "
-                         f"only learned position embeddings convert")
-    return found[0]
+SINCOS2D_IMAGE_SIZE = 224  # a sincos2d checkpoint's default image size (big_vision's ImageNet recipes)
+
+
+def _posemb_name(arrays: Mapping[str, np.ndarray]) -> str | None:
+    """The name of the checkpoint's learned position embeddings, or None (a sincos2d model)."""
+    return next((name for name in POSEMB_NAMES if name in arrays), None)
 
 
 def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: int | None = None,
@@ -88,9 +93,10 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
     """Our ViTConfig for a big_vision ViT, read from its parameters' names and shapes: patch_size, channels
     and width from the patch embedding, depth from the blocks, heads from the query kernel (width, heads,
     head_dim), mlp_dim, num_classes, representation_size (pre_logits), pool ("cls" with a ``cls``
-    parameter, else "gap"), gelu="tanh". image_size: default the checkpoint's (grid side x patch size);
-    another size resizes the position embeddings. Raises ValueError for a MAP head, a checkpoint without
-    head or position embeddings, or an image_size the patch size does not divide.
+    parameter, else "gap"), gelu="tanh", posemb ("learned", or "sincos2d" when the checkpoint has no position
+    embeddings). image_size: default the checkpoint's (grid side x patch size; 224 for sincos2d, whose
+    checkpoints record none); another size resizes learned position embeddings. Raises ValueError for a MAP
+    head, a checkpoint without head, or an image_size the patch size does not divide.
     """
     arrays = unscan(arrays)
     if any(name_.startswith("MAPHead_0/") for name_ in arrays):
@@ -100,25 +106,31 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
             raise ValueError(f"parameter {needed!r} is missing: not a big_vision ViT classifier checkpoint")
     patch, _, channels, width = np.shape(arrays["embedding/kernel"])
     depth = len({m.group(1) for n in arrays if (m := re.match(r"Transformer/encoderblock_(\d+)/", n))})
-    posemb = np.shape(arrays[_posemb_name(arrays)])[1]
-    patches = posemb if math.isqrt(posemb) ** 2 == posemb else posemb - 1
-    side = grid_side(patches, "the checkpoint's position embeddings")
+    posemb = _posemb_name(arrays)
+    if posemb is None:
+        default_size = SINCOS2D_IMAGE_SIZE
+    else:
+        tokens = np.shape(arrays[posemb])[1]
+        patches = tokens if math.isqrt(tokens) ** 2 == tokens else tokens - 1
+        default_size = grid_side(patches, "the checkpoint's position embeddings") * int(patch)
     rep = arrays.get("pre_logits/kernel")
     return ViTConfig(
-        name=name, image_size=image_size or side * patch, patch_size=int(patch), channels=int(channels),
+        name=name, image_size=image_size or default_size, patch_size=int(patch), channels=int(channels),
         width=int(width), depth=depth,
         heads=heads_of(arrays, "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"),
         mlp_dim=int(np.shape(arrays["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"])[1]),
         num_classes=int(np.shape(arrays["head/kernel"])[1]), pool="cls" if "cls" in arrays else "gap",
         representation_size=None if rep is None else int(np.shape(rep)[1]), gelu="tanh",
+        posemb="learned" if posemb else "sincos2d",
     ).validate()
 
 
 def big_vision_plan(config: ViTConfig, arrays: Mapping[str, np.ndarray]) -> Plan:
     """(our parameter, big_vision name, layout change) for every parameter of ``ViT(config)``."""
-    posemb = _posemb_name(arrays)
-    resize = lambda a: resize_position_embeddings(a, config.num_patches, config.pool == "cls")  # noqa: E731
-    plan = module_plan("patch_embed.proj", "embedding", "linear") + [("pos_embed", posemb, resize)]
+    plan = module_plan("patch_embed.proj", "embedding", "linear")
+    if config.posemb == "learned":
+        resize = lambda a: resize_position_embeddings(a, config.num_patches, config.pool == "cls")  # noqa: E731
+        plan.append(("pos_embed", _posemb_name(arrays), resize))
     if config.pool == "cls":
         plan.append(("cls_token", "cls", keep))
     for block in range(config.depth):

@@ -2,9 +2,10 @@
 parameters, and the routing kept in float32 inside it (as the JAX models keep it under ``dtype="bfloat16"``).
 
 Under ``torch.autocast(device_type, dtype=torch.bfloat16)`` matrix products run in bfloat16. The twins leave
-autocast for the router logits, Soft MoE's logits and softmaxes, the MoD router scores, the attention maps they
-hand back (A-MoD routes on them), the allocation, the aux losses and the final LayerNorm, pooling and head, so
-those are float32 as in the JAX models (``ViTConfig``, "dtype").
+autocast for the patch embedding, the router logits, Soft MoE's logits and softmaxes, the MoD router scores, the
+attention maps they hand back (A-MoD routes on them), the allocation, the aux losses and the final LayerNorm,
+pooling and head, so those are float32 as in the JAX models (``ViTConfig``, "dtype"); the residual stream stays
+float32 too (autocast's LayerNorm outputs are float32, and float32 + bfloat16 is float32).
 """
 
 from __future__ import annotations

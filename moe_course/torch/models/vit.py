@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import jax
-import numpy as np
 import torch
 
 from moe_course.configs.vit import ViTConfig
 from moe_course.layers.block import LAYER_NORM_EPS
 from moe_course.models.output import ModelOutput
-from moe_course.models.vit import initial_position_embeddings
+from moe_course.models.vit import fixed_position_embeddings
 from moe_course.torch.layers.block import EncoderBlock
 from moe_course.torch.layers.init import lecun_normal_, linear
 from moe_course.torch.precision import float32_region
@@ -17,7 +15,8 @@ from moe_course.torch.precision import float32_region
 
 class PatchEmbed(torch.nn.Module):
     """A strided convolution (kernel = stride = patch size): images (batch, C, H, W) -> tokens (batch,
-    (H/p)*(W/p), width), row-major over the patch grid (the JAX model's token order)."""
+    (H/p)*(W/p), width) float32, row-major over the patch grid (the JAX model's token order). It runs with
+    autocast off: the float32 residual stream starts here, as in the JAX model (``layers.block.RESIDUAL_DTYPE``)."""
 
     def __init__(self, patch_size: int, channels: int, width: int):
         super().__init__()
@@ -26,8 +25,9 @@ class PatchEmbed(torch.nn.Module):
         torch.nn.init.zeros_(self.proj.bias)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """images: (batch, channels, height, width) -> patch embeddings (batch, patches, width)."""
-        return self.proj(images).flatten(2).transpose(1, 2)
+        """images: (batch, channels, height, width) -> patch embeddings (batch, patches, width) float32."""
+        with float32_region(images):
+            return self.proj(images.float()).flatten(2).transpose(1, 2)
 
 
 class ViT(torch.nn.Module):
@@ -38,8 +38,10 @@ class ViT(torch.nn.Module):
     model takes NHWC, ``images.permute(0, 3, 1, 2)`` -> ``ModelOutput`` (torch tensors) with logits
     (batch, num_classes) and, with ``return_attention``, one (batch, heads, tokens, tokens) map per block.
     ``generator`` draws router noise in training mode (MoE models). Under ``torch.autocast`` (what a config's
-    dtype="bfloat16" means here, ``moe_course.torch.precision.autocast_for``) the final LayerNorm, pooling,
-    pre-logits and head run in float32, so the logits are float32. Raises ValueError for an invalid config
+    dtype="bfloat16" means here, ``moe_course.torch.precision.autocast_for``) the residual stream (patch
+    embedding, embedded tokens, every block's x + f(x): autocast's LayerNorm outputs are float32 and a float32
+    tensor plus a bfloat16 one is float32) and the final LayerNorm, pooling, pre-logits and head are float32,
+    so the logits are float32; the blocks' branches compute in bfloat16, as in the JAX model. Raises ValueError for an invalid config
     (ViTConfig.validate) and for images of another shape.
     """
 
@@ -49,9 +51,8 @@ class ViT(torch.nn.Module):
         self.config = config
         d = config.width
         self.patch_embed = PatchEmbed(config.patch_size, config.channels, d)
-        if config.posemb == "sincos2d":  # the fixed table, as the JAX model's (which stops its gradient)
-            table = initial_position_embeddings(config, jax.random.key(0))
-            self.pos_embed = torch.nn.Parameter(torch.from_numpy(np.asarray(table, np.float32)), requires_grad=False)
+        if config.posemb == "sincos2d":  # the fixed table: a buffer outside the state dict, as the JAX constant
+            self.register_buffer("pos_embed", torch.from_numpy(fixed_position_embeddings(config)), persistent=False)
         else:
             self.pos_embed = torch.nn.Parameter(torch.randn(1, config.num_tokens, d) * 0.02)
         self.cls_token = torch.nn.Parameter(torch.zeros(1, 1, d)) if config.pool == "cls" else None

@@ -10,7 +10,8 @@
 #               glyphs-tiny (0 workers and all cores), then V-MoE-S/32 every-2 at 224 px from a JPEG folder at
 #               batch 512 (goal: >= 90% of its in-memory images/s where the pipeline alone is faster than the step)
 #   pipeline    table 1: every dataset kind at 1, 2, 4 and all cores' workers (scaling where cores are free)
-#   throughput  benchmarks/train_throughput.py's paper-size rows, JAX and PyTorch, float32 and bfloat16 (goals:
+#   throughput  benchmarks/train_throughput.py's paper-size rows, JAX and PyTorch, float32 and bfloat16, and JAX
+#               bfloat16 with a bfloat16 residual stream (the cost of the models' float32 stream) (goals:
 #               deit-s/16 >= 8,000 images/s in bfloat16; routed steps <= FLOP ratio x dense; the PyTorch V-MoE
 #               twin <= 1.25x the JAX step per image)
 #   i1k         the ImageNet-1k recipe (`--preset vit-s/16-i1k`: big_vision's vit_s16_i1k.py, batch 1024,

@@ -13,8 +13,8 @@ optimizer state, ``dtype`` from the row); the PyTorch step is the twin (``moe_co
 (its objective is contrastive and it has no PyTorch twin).
 dtype "bfloat16-stream" (JAX rows only) is bfloat16 with the residual stream in bfloat16 too
 (``layers.block.RESIDUAL_DTYPE`` set to bfloat16 while the model is built: the patch embedding and every block's
-x + f(x) in bfloat16), beside the library's bfloat16 rows, whose stream is float32 as in vmoe and big_vision: the
-step-time cost of the float32 stream.
+x + f(x) in bfloat16), beside the library's bfloat16 rows, whose stream is float32 as in vmoe: the step-time cost of
+the float32 stream.
 Usage: python benchmarks/train_throughput.py [--presets vit:deit-s/16 ...] [--dtypes float32 bfloat16
        bfloat16-stream] [--frameworks jax torch torch-compile] [--rounds R] [--quick]
 """

@@ -6,9 +6,9 @@ MLPs, float32 dispatch) and google-research/big_vision's ViT on random weights, 
 
 * the checkpoint in the reference's own format -- big_vision: ``<case>.npz``, its parameters named by big_vision's
   own ``utils.tree_flatten_with_names`` and saved with ``np.savez``, as its released ``.npz`` checkpoints are, and
-  read back by its ``utils.load_checkpoint_np`` to the same tree; vmoe: ``<case>.index`` + ``<case>.data-0000i-of-00002`` written by
-  vmoe's own ``vmoe.checkpoints.partitioned.save_checkpoint``, and ``<case>.model.json``, the ``config.model``
-  dict the model was built from;
+  read back by its ``utils.load_checkpoint_np`` to the same tree; vmoe: ``<case>.index`` +
+  ``<case>.data-0000i-of-00002`` written by vmoe's own ``vmoe.checkpoints.partitioned.save_checkpoint``, and
+  ``<case>.model.json``, the ``config.model`` dict the model was built from;
 * ``<case>.outputs.npz``: the input images, the reference logits, ``logits_bfloat16`` (the same model on the
   same float32 weights in the reference's own bfloat16 mode: big_vision's ``dtype_mm="bfloat16"``, vmoe's
   ``encoder.dtype="bfloat16"``; the reference code's own bfloat16 error is its distance from ``logits``) and,

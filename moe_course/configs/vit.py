@@ -40,8 +40,9 @@ class ViTConfig:
     big_vision's and vmoe's released checkpoints were trained with; ``moe_course.reference`` sets it).
     dtype: the computation dtype of the blocks' matrix products, "float32" or "bfloat16" (Flax's ``dtype``). Kept
     in float32 whatever it says, as vmoe and big_vision keep them: the residual stream (patch embedding and
-    every block's x + f(x)), router logits, softmaxes, top-k and priorities, the auxiliary, entropy and
-    contrastive losses, LayerNorm statistics, attention softmaxes and the logits.
+    every block's x + f(x), as vmoe's; ``layers.block.RESIDUAL_DTYPE``), router logits, softmaxes, top-k and
+    priorities, the auxiliary, entropy and contrastive losses, LayerNorm statistics, attention softmaxes and the
+    logits.
     param_dtype: the dtype parameters are stored (and optimised) in, "float32" (default) or "bfloat16".
     Mixed precision as the reference code runs it is dtype="bfloat16" with param_dtype="float32".
     posemb: "learned" (position embeddings trained from a normal(0.02) start, the default) or "sincos2d"

@@ -14,8 +14,10 @@ LAYER_NORM_EPS = 1e-6
 # The residual stream's dtype whatever the computation dtype: the patch embedding, the embedded tokens and every
 # block's x + f(x) are float32 and only the branches f compute in ``dtype`` -- as vmoe's VisionTransformerMoe
 # under ``encoder.dtype="bfloat16"`` (nn/vit_moe.py: its ``embedding`` Conv has no dtype, and ``EncoderBlock``'s
-# ``x + inputs`` promotes); big_vision's ViT under ``dtype_mm`` adds its float32 ``pos_embedding`` the same way
-# (models/vit.py), but runs the patch Conv in bfloat16. tests/test_reference_models.py measures both.
+# ``x + inputs`` promotes). big_vision's ViT under ``dtype_mm`` (models/vit.py) runs the patch Conv in bfloat16 and
+# casts its position embeddings to it (``get_posemb(..., x.dtype)``): its stream is float32 only where
+# ``pos_embedding`` is a float32 array (a float32 checkpoint), bfloat16 with its own init or sincos2d.
+# tests/test_reference_models.py compares our bfloat16 logits with both codes' own.
 RESIDUAL_DTYPE = jnp.float32
 
 

@@ -41,8 +41,8 @@ class ViT(torch.nn.Module):
     dtype="bfloat16" means here, ``moe_course.torch.precision.autocast_for``) the residual stream (patch
     embedding, embedded tokens, every block's x + f(x): autocast's LayerNorm outputs are float32 and a float32
     tensor plus a bfloat16 one is float32) and the final LayerNorm, pooling, pre-logits and head are float32,
-    so the logits are float32; the blocks' branches compute in bfloat16, as in the JAX model. Raises ValueError for an invalid config
-    (ViTConfig.validate) and for images of another shape.
+    so the logits are float32; the blocks' branches compute in bfloat16, as in the JAX model. Raises ValueError
+    for an invalid config (ViTConfig.validate) and for images of another shape.
     """
 
     def __init__(self, config: ViTConfig):

@@ -52,6 +52,8 @@ def test_the_policy_table_is_kornias_default_policy():
 
 
 GEOMETRIC = ("rotate", "shear_x", "shear_y", "translate_x", "translate_y")
+# One compiled function for every operation, magnitude and sign (all are traced): compiled once per image shape.
+_APPLY = jax.jit(jax.vmap(apply_operation, in_axes=(0, None, None, 0)))
 
 
 def _operation_errors(name: str, magnitude: float, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,9 +62,8 @@ def _operation_errors(name: str, magnitude: float, images: np.ndarray) -> tuple[
     the threshold kornia drew."""
     index = OPERATIONS.index(name)
     expected, thresholds = _kornia_one_operation(index, magnitude, images, seed=index)
-    apply = jax.jit(jax.vmap(apply_operation, in_axes=(0, None, None, 0)))
     value = magnitude_table(magnitude)[index]
-    errors = [np.abs(np.asarray(apply(jnp.asarray(images), index, sign * value, jnp.asarray(thresholds)))
+    errors = [np.abs(np.asarray(_APPLY(jnp.asarray(images), index, sign * value, jnp.asarray(thresholds)))
                      - expected).reshape(len(images), -1).max(axis=1) for sign in (1.0, -1.0)]
     if SYMMETRIC[index]:
         assert np.maximum(*errors).min() > 0.05  # each image: the wrong sign is another picture

@@ -42,7 +42,8 @@ def test_no_commit_hash_of_this_repository():
 
 
 def test_no_history_phrases():
-    offenders = [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for path in TEXTS for m in HISTORY.finditer(path.read_text())]
+    offenders = [f"{path.relative_to(ROOT)}: {m.group(0)!r}"
+                 for path in TEXTS for m in HISTORY.finditer(path.read_text())]
     assert not offenders, offenders
 
 

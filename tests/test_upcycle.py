@@ -1,4 +1,4 @@
-"""Sparse upcycling (``moe_course.models.upcycle``): vmoe's ``expand_tile`` rule, function preservation at step 0,
+"""Sparse upcycling (``moe_course.models.upcycling``): vmoe's ``expand_tile`` rule, function preservation at step 0,
 deterministic continued training, and bad input refused before anything is built."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from moe_course.configs.soft_moe import SoftMoEConfig
 from moe_course.configs.vit import ViTConfig
 from moe_course.configs.vmoe import VMoEConfig
 from moe_course.models import VMoE, ViT
-from moe_course.models import upcycle as upcycle_module
-from moe_course.models.upcycle import upcycle
+from moe_course.models import upcycling as upcycle_module
+from moe_course.models.upcycling import upcycle
 from moe_course.reference import read_npz, vit_from_big_vision, vmoe_from_checkpoint
 from moe_course.reference.big_vision import unscan
 

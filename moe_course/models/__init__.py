@@ -14,7 +14,7 @@ from moe_course.models.mod import MoDViT, mod_from_vit, mod_param_count
 from moe_course.models.output import ModelOutput
 from moe_course.models.vit import ViT, count_params, patchify, truncated_vit, vit_param_count
 from moe_course.models.soft_moe import SoftMoEViT, soft_moe_param_count
-from moe_course.models.upcycle import upcycle
+from moe_course.models.upcycling import upcycle
 from moe_course.models.vmoe import VMoE, temporary_routing, vmoe_param_count, with_routing
 
 _MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE, SoftMoEConfig: SoftMoEViT, MoDConfig: MoDViT,

@@ -56,7 +56,7 @@ def check_upcyclable(dense_config: ViTConfig, config: VMoEConfig) -> None:
     outside = [block for block in config.moe_blocks() if block >= dense_config.depth]
     if outside:
         raise ValueError(f"config {config.name!r} puts MoE layers in blocks {outside}, where the dense model "
-                         f"{dense_config.name!r} has no block (depth={dense_config.depth}, blocks 0..."
+                         f"{dense_config.name!r} has no block (depth={dense_config.depth}: blocks 0 to "
                          f"{dense_config.depth - 1}); use a placement within the dense model's depth")
     for field in MATCHED_FIELDS:
         dense_value, value = getattr(dense_config, field), getattr(config, field)

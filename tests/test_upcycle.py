@@ -159,3 +159,23 @@ def test_only_a_dense_vit_upcycles_to_a_vmoe_config():
     soft = SoftMoEConfig(**{**DENSE.__dict__, "num_experts": E})
     with pytest.raises(ValueError, match="config is a SoftMoEConfig"):
         upcycle(ViT(DENSE, rngs=nnx.Rngs(0)), soft)
+
+
+def test_big_visions_vit_s16_i1k_checkpoint_fits_the_i1k_vmoe_presets():
+    """docs/scale-out.md's full-scale command: big_vision's vit_s16_i1k_*.npz (sincos2d, GAP, pre-logits, no
+    position embeddings saved) read as a config from its parameter shapes alone (zero-stride arrays) fits every
+    ``vmoe-s/16-i1k-*`` preset at 224 px, with big_vision's [-1, 1] pixels."""
+    from moe_course.configs.vmoe import VMOE_I1K_PRESETS
+    from moe_course.models.upcycling import check_upcyclable
+    from moe_course.reference import vit_config_from_big_vision
+
+    shapes = {"embedding/kernel": (16, 16, 3, 384), "embedding/bias": (384,), "head/kernel": (384, 1000),
+              "pre_logits/kernel": (384, 384)}
+    for block in range(12):
+        shapes[f"Transformer/encoderblock_{block}/MultiHeadDotProductAttention_0/query/kernel"] = (384, 6, 64)
+        shapes[f"Transformer/encoderblock_{block}/MlpBlock_0/Dense_0/kernel"] = (384, 1536)
+    arrays = {name: np.broadcast_to(np.float32(0), shape) for name, shape in shapes.items()}
+    dense = vit_config_from_big_vision(arrays, image_size=224).replace(value_range="signed")
+    assert len(VMOE_I1K_PRESETS) == 4
+    for preset in VMOE_I1K_PRESETS.values():
+        check_upcyclable(dense, preset)

@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("model", choices=sorted(PRESETS), help="model family")
     train.add_argument("--preset", default=None,
-                       help="named architecture (listed below); required unless --init-checkpoint or --upcycle-from gives one")
+                       help="named architecture (listed below); required unless --init-checkpoint or --upcycle-from "
+                            "gives one")
     _add_data_args(train, DATASETS)
     train.add_argument("--workdir", default=None, help="run directory for checkpoints (default: runs/<preset>)")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's recipe)")

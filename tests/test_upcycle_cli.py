@@ -65,7 +65,8 @@ def test_a_course_dense_run_upcycles_into_its_preset(dense_run, tmp_path, capsys
 
 @pytest.mark.parametrize("flags, message", [
     (["train", "vit", "--upcycle-from", str(BV_TOK)], "builds a V-MoE; run `moe-course train vmoe"),
-    (["train", "vmoe", "--upcycle-from", str(BV_TOK), "--init-format", "vmoe"], "init_format='vmoe' cannot be upcycled"),
+    (["train", "vmoe", "--upcycle-from", str(BV_TOK), "--init-format", "vmoe"],
+     "init_format='vmoe' cannot be upcycled"),
     (["train", "vmoe", "--upcycle-from", "missing.npz"], "--upcycle-from: .*missing.npz"),
     (["train", "vmoe", "--upcycle-from", str(BV_TOK), "--preset", "digits-tiny-moe", "--dataset", "imagefolder",
       "--data-dir", "{data}"], r"'digits-tiny-moe' puts MoE layers in blocks \[3\], where the dense model .* has no "
@@ -84,8 +85,10 @@ def test_bad_upcycling_flags_exit_2_with_one_line(flags, message, tmp_path, caps
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--preset", "digits-fine-moe"], "patch_size=4 of config 'digits-fine-moe' differs from the dense model's patch_size=8"),
-    (["--preset", "digits-tiny-moe", "--image-size", "64"], "image_size=64 is not allowed for run .*: it was trained at 32 px"),
+    (["--preset", "digits-fine-moe"], "patch_size=4 of config 'digits-fine-moe' differs from the dense model's "
+                                      "patch_size=8"),
+    (["--preset", "digits-tiny-moe", "--image-size", "64"],
+     "image_size=64 is not allowed for run .*: it was trained at 32 px"),
     (["--init-format", "big_vision"], "--upcycle-from: .*run: Is a directory"),
 ])
 def test_a_course_run_that_does_not_fit_exits_2(dense_run, flags, message, tmp_path, capsys):

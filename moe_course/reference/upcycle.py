@@ -30,9 +30,14 @@ def dense_format(path: str | os.PathLike, checkpoint_format: str | None) -> str:
     "big_vision" (an ``.npz``). Raises ValueError naming ``init_format`` for another format."""
     if checkpoint_format is None:
         return "moe-course" if Path(path).is_dir() else "big_vision"
+    return _checked(checkpoint_format)
+
+
+def _checked(checkpoint_format: str) -> str:
     if checkpoint_format not in UPCYCLE_FORMATS:
-        raise ValueError(f"init_format={checkpoint_format!r} cannot be upcycled; use one of {', '.join(UPCYCLE_FORMATS)} "
-                         f"(a vmoe checkpoint is a V-MoE already: fine-tune it with --init-checkpoint)")
+        raise ValueError(f"init_format={checkpoint_format!r} cannot be upcycled; use one of "
+                         f"{', '.join(UPCYCLE_FORMATS)} (a vmoe checkpoint is a V-MoE already: fine-tune it with "
+                         f"--init-checkpoint)")
     return checkpoint_format
 
 
@@ -71,7 +76,7 @@ def upcycle_start(dense: ViT, checkpoint_format: str, *, config: VMoEConfig | No
     ``dense_format`` refuses, and for a ``config`` that does not fit the dense model
     (``models.upcycling.check_upcyclable``: width, depth, patch size, MoE layers outside the dense depth, ...).
     """
-    checkpoint_format = dense_format("", checkpoint_format)
+    checkpoint_format = _checked(checkpoint_format)
     if num_classes is not None and num_classes != dense.config.num_classes:
         if checkpoint_format == "moe-course":
             raise ValueError(f"num_classes={num_classes} differs from the {dense.config.num_classes} classes the "

@@ -179,3 +179,22 @@ def test_big_visions_vit_s16_i1k_checkpoint_fits_the_i1k_vmoe_presets():
     assert len(VMOE_I1K_PRESETS) == 4
     for preset in VMOE_I1K_PRESETS.values():
         check_upcyclable(dense, preset)
+
+
+def test_the_pytorch_twin_upcycles_to_the_same_function():
+    """``moe_course.torch.models.upcycle``: a twin dense ViT upcycled (top-1 with the softmax after it, C = E) computes
+    the twin dense model's logits, and its parameters are the JAX upcycling's of the same weights and seed."""
+    torch = pytest.importorskip("torch", reason="the PyTorch twins need torch (pip install 'moe-course[torch]')")
+    from moe_course.torch.convert import from_torch, to_torch
+    from moe_course.torch.models import upcycle as upcycle_twin
+
+    dense = to_torch(_trained_looking_dense(seed=4))
+    config = _moe(k=1, router_order="topk_then_softmax", capacity_ratio=4.0)
+    twin = upcycle_twin(dense, config, seed=2)
+    images = torch.from_numpy(np.array(_images())).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        np.testing.assert_allclose(twin(images).logits.numpy(), dense(images).logits.numpy(), atol=2e-5, rtol=1e-5)
+    ours = nnx.state(upcycle(from_torch(dense), config, seed=2), nnx.Param)
+    assert jax.tree.all(jax.tree.map(np.array_equal, ours, nnx.state(from_torch(twin), nnx.Param)))
+    with pytest.raises(ValueError, match="model is a VMoE; upcycling starts from a dense ViT twin"):
+        upcycle_twin(twin, config)

@@ -394,7 +394,8 @@ def _check_no_init_flags(args) -> None:
     given = [flag for flag, value in (("--init-format", args.init_format), ("--init-model-config",
              args.init_model_config), ("--init-group-size", args.init_group_size)) if value is not None]
     if given:
-        raise ValueError(f"{', '.join(given)} only apply with --init-checkpoint")
+        raise ValueError(f"{', '.join(given)} only apply with --init-checkpoint (--init-format also with "
+                         f"--upcycle-from)")
 
 
 def _finetune(args, data_workers: int, randaugment) -> dict:

@@ -52,9 +52,11 @@ def _batch(config, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return images, rng.integers(0, config.num_classes, batch).astype(np.int32)
 
 
-def jax_step(config, batch: int):
-    """() -> runs one training step of the library's loop on a fixed device batch; () -> peak bytes or None."""
-    graphdef, params, rest = nnx.split(build_model(config, rngs=nnx.Rngs(0)), nnx.Param, ...)
+def jax_step(config, batch: int, model=None):
+    """() -> runs one training step of the library's loop on a fixed device batch; () -> peak bytes or None.
+    ``model``: train this one (of ``config``) instead of a fresh ``build_model(config)``."""
+    model = build_model(config, rngs=nnx.Rngs(0)) if model is None else model
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(TrainConfig(steps=100, warmup_steps=1))
     state = {"params": params, "opt_state": tx.init(params)}
     step = make_train_step(graphdef, tx)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from moe_course.reference import (
-    read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_config_from_checkpoint,
+    read_npz, read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_config_from_checkpoint,
     vmoe_from_checkpoint,
 )
 from moe_course.reference.names import seeded_parameters
@@ -120,6 +120,22 @@ def test_position_embeddings_resize_keeps_the_class_entry():
     assert np.array_equal(grid_only[:, 0], np.zeros((1, 3))) and np.array_equal(grid_only[:, 1:], posemb[:, 1:])
     with pytest.raises(ValueError, match="neither a square grid"):
         resize_position_embeddings(posemb[:, :7], 16, class_token=True)
+
+
+def test_a_sincos2d_checkpoint_gets_our_fixed_table_at_the_given_image_size():
+    """big_vision's posemb='sincos2d' ViTs (its vit_s16_i1k checkpoints) save no position embeddings: the fixture
+    without them loads with image_size given, its table is posemb_sincos_2d's grid, and every other parameter
+    is the checkpoint's; without image_size it is refused by name."""
+    from moe_course.models.vit import sincos2d_position_embeddings
+    from moe_course.reference.big_vision import unscan
+
+    arrays = {n: a for n, a in unscan(read_npz(FIXTURES / "bv_gap_scan.npz")).items() if n != "pos_embedding"}
+    with pytest.raises(ValueError, match="no position embeddings .* pass image_size"):
+        vit_from_big_vision(arrays)
+    model = vit_from_big_vision(arrays, image_size=24)
+    assert (model.config.posemb, model.config.image_size) == ("sincos2d", 24)
+    np.testing.assert_array_equal(model.pos_embed[...], sincos2d_position_embeddings(6, 32))
+    np.testing.assert_array_equal(model.head.kernel[...], arrays["head/kernel"])
 
 
 def test_cli_evaluates_a_vmoe_checkpoint_on_an_image_folder(tmp_path, capsys):

@@ -23,7 +23,10 @@ token in front, so the class token has none: our ``pos_embed`` gets a zero entry
 checkpoints whose position embeddings include a class-token entry (``Transformer/posembed_input/pos_embedding``
 or ``Transformer/pos_embedding``, 1 + a square) keep that entry. When ``image_size`` differs from the
 checkpoint's, the grid of position embeddings is resized by bilinear interpolation and the class-token entry
-kept (``resize_position_embeddings``; big_vision's ``resample_posemb``).
+kept (``resize_position_embeddings``; big_vision's ``resample_posemb``). A checkpoint without position
+embeddings was trained with ``posemb='sincos2d'`` (big_vision computes that table, ``posemb_sincos_2d``, and
+saves nothing; its ``vit_s16_i1k`` checkpoints are such): the config gets posemb="sincos2d" and our fixed table
+for the grid, and since nothing in the file records the image size, ``image_size`` must be given.
 
 The model computes big_vision's function: ``flax.linen.gelu`` is the tanh approximation, so the config has
 ``gelu="tanh"``; LayerNorm epsilon 1e-6 as ours. Pools: big_vision's "tok" -> "cls" (a ``cls`` parameter is
@@ -43,13 +46,14 @@ import numpy as np
 from flax import nnx
 
 from moe_course.configs.vit import ViTConfig
-from moe_course.models.vit import ViT
+from moe_course.models.vit import ViT, initial_position_embeddings
 from moe_course.reference.names import (
     Plan, encoder_block_plan, grid_side, heads_of, keep, module_plan, resize_position_embeddings, fill,
 )
 
 POSEMB_NAMES = ("pos_embedding", "Transformer/pos_embedding", "Transformer/posembed_input/pos_embedding")
 _SCANNED = "Transformer/encoderblock/"
+_SINCOS = "(sincos2d table)"  # the plan's source name for a table big_vision computes instead of saving
 
 
 def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
@@ -75,12 +79,9 @@ def unscan(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-def _posemb_name(arrays: Mapping[str, np.ndarray]) -> str:
-    found = [name for name in POSEMB_NAMES if name in arrays]
-    if not found:
-        raise ValueError(f"the checkpoint has no position embeddings (looked for {', '.join(POSEMB_NAMES)}); "
-                         f"only learned position embeddings convert")
-    return found[0]
+def _posemb_name(arrays: Mapping[str, np.ndarray]) -> str | None:
+    """The name of the checkpoint's learned position embeddings, or None (a sincos2d checkpoint)."""
+    return next((name for name in POSEMB_NAMES if name in arrays), None)
 
 
 def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: int | None = None,
@@ -88,9 +89,10 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
     """Our ViTConfig for a big_vision ViT, read from its parameters' names and shapes: patch_size, channels
     and width from the patch embedding, depth from the blocks, heads from the query kernel (width, heads,
     head_dim), mlp_dim, num_classes, representation_size (pre_logits), pool ("cls" with a ``cls``
-    parameter, else "gap"), gelu="tanh". image_size: default the checkpoint's (grid side x patch size);
-    another size resizes the position embeddings. Raises ValueError for a MAP head, a checkpoint without
-    head or position embeddings, or an image_size the patch size does not divide.
+    parameter, else "gap"), gelu="tanh", posemb "learned", or "sincos2d" when the checkpoint has no position
+    embeddings. image_size: default the checkpoint's (grid side x patch size); another size resizes the
+    position embeddings; required for a sincos2d checkpoint. Raises ValueError for a MAP head, a checkpoint
+    without head, a sincos2d one without image_size, or an image_size the patch size does not divide.
     """
     arrays = unscan(arrays)
     if any(name_.startswith("MAPHead_0/") for name_ in arrays):
@@ -100,9 +102,16 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
             raise ValueError(f"parameter {needed!r} is missing: not a big_vision ViT classifier checkpoint")
     patch, _, channels, width = np.shape(arrays["embedding/kernel"])
     depth = len({m.group(1) for n in arrays if (m := re.match(r"Transformer/encoderblock_(\d+)/", n))})
-    posemb = np.shape(arrays[_posemb_name(arrays)])[1]
-    patches = posemb if math.isqrt(posemb) ** 2 == posemb else posemb - 1
-    side = grid_side(patches, "the checkpoint's position embeddings")
+    posemb_name = _posemb_name(arrays)
+    if posemb_name is None and image_size is None:
+        raise ValueError(f"the checkpoint has no position embeddings (none of {', '.join(POSEMB_NAMES)}): big_vision "
+                         f"computed them (posemb='sincos2d'), and the file does not record the image size; pass "
+                         f"image_size (e.g. 224 for its vit_s16_i1k checkpoints)")
+    side = 0
+    if posemb_name is not None:
+        posemb = np.shape(arrays[posemb_name])[1]
+        patches = posemb if math.isqrt(posemb) ** 2 == posemb else posemb - 1
+        side = grid_side(patches, "the checkpoint's position embeddings")
     rep = arrays.get("pre_logits/kernel")
     return ViTConfig(
         name=name, image_size=image_size or side * patch, patch_size=int(patch), channels=int(channels),
@@ -111,14 +120,16 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
         mlp_dim=int(np.shape(arrays["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"])[1]),
         num_classes=int(np.shape(arrays["head/kernel"])[1]), pool="cls" if "cls" in arrays else "gap",
         representation_size=None if rep is None else int(np.shape(rep)[1]), gelu="tanh",
+        posemb="learned" if posemb_name else "sincos2d",
     ).validate()
 
 
 def big_vision_plan(config: ViTConfig, arrays: Mapping[str, np.ndarray]) -> Plan:
     """(our parameter, big_vision name, layout change) for every parameter of ``ViT(config)``."""
-    posemb = _posemb_name(arrays)
+    posemb = _posemb_name(arrays) or _SINCOS
     resize = lambda a: resize_position_embeddings(a, config.num_patches, config.pool == "cls")  # noqa: E731
-    plan = module_plan("patch_embed.proj", "embedding", "linear") + [("pos_embed", posemb, resize)]
+    plan = module_plan("patch_embed.proj", "embedding", "linear")
+    plan.append(("pos_embed", posemb, keep if posemb == _SINCOS else resize))
     if config.pool == "cls":
         plan.append(("cls_token", "cls", keep))
     for block in range(config.depth):
@@ -144,4 +155,6 @@ def vit_from_big_vision(checkpoint: str | os.PathLike | Mapping[str, np.ndarray]
     arrays = unscan(read_npz(checkpoint) if isinstance(checkpoint, (str, os.PathLike)) else checkpoint)
     config = vit_config_from_big_vision(arrays, image_size=image_size, name=name)
     model = nnx.eval_shape(lambda: ViT(config, rngs=nnx.Rngs(0)))
+    if config.posemb == "sincos2d":
+        arrays = {**arrays, _SINCOS: np.asarray(initial_position_embeddings(config, None))}
     return fill(model, arrays, big_vision_plan(config, arrays), source=source)

@@ -687,7 +687,7 @@ def test_a_giant_notebook_costs_only_its_own_row(graded):
 
     giant = graded["grades"]["giant"]
     assert giant["status"] == "failed" and _score(graded, "giant") == 0.0, giant
-    assert f"larger than the limit of {MAX_NOTEBOOK_BYTES} bytes" in giant["error"], giant
+    assert f"larger than the limit of {MAX_NOTEBOOK_BYTES} bytes (8 MiB, --max-notebook-mb)" in giant["error"], giant
     assert giant["flags"].startswith("not scanned: ") and "larger than the limit" in giant["flags"], giant
     assert giant["sandbox"] == "bwrap" and giant["max_score"] == "3.0", giant
     for student, row in graded["grades"].items():  # every row whole: the batch finished with every column

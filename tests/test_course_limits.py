@@ -80,6 +80,60 @@ def test_widget_messages_count_toward_the_output_cap():
         executor.process_message({"msg_type": "comm_msg", "content": {"data": {"x": "y" * 2000}}}, None, 0)
 
 
+# Drops every execute reply (ipykernel sends each through its session) and keeps answering everything else.
+SILENT_KERNEL = """def _silence(kernel):
+    send = kernel.session.send
+    def dropping(stream, kind, *args, **kwargs):
+        return {'content': {'status': 'ok'}} if kind == 'execute_reply' else send(stream, kind, *args, **kwargs)
+    kernel.session.send = dropping
+_silence(get_ipython().kernel)"""
+
+
+def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_path):
+    """Six cells of a 3 s timeout: grading stops after the first (3 s + 2 s to answer), not after all six
+    (nbgrader's own executor waits 6 x 3 s)."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+    import time
+
+    import nbformat
+
+    from moe_course.course.output_cap import CappedExecute, ReplyTimeoutError
+
+    cells = [nbformat.v4.new_code_cell(SILENT_KERNEL)] + [nbformat.v4.new_code_cell("1 + 1") for _ in range(5)]
+    executor = CappedExecute(timeout=3, answer_seconds=2, kernel_name="python3")
+    start = time.perf_counter()
+    with pytest.raises(ReplyTimeoutError, match="no reply within 2 s of interrupting a cell at its 3 s timeout"):
+        executor.preprocess(nbformat.v4.new_notebook(cells=cells), {"metadata": {"path": str(tmp_path)}})
+    assert time.perf_counter() - start < 15  # kernel start-up included; all six timeouts would be 18 s
+
+
+def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp_path):
+    from moe_course.course.bounded import read_regular
+
+    (tmp_path / "probs_tests.npz").mkdir()  # a folder named as a recorded answer
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_bytes(b"x" * 10)
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    before = len(os.listdir("/proc/self/fd"))
+    for name in ("probs_tests.npz", "fifo", "link", "missing"):
+        assert read_regular(tmp_path / name, 100) is None, name
+    assert read_regular(tmp_path / "file", 100) == b"x" * 10
+    assert read_regular(tmp_path / "file", 4) == b"x" * 5  # one byte past the limit: over it
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_error_column_shows_the_exceptions_message_not_its_raise_line():
+    from moe_course.course.worker import summarise_error
+
+    log = ("Traceback (most recent call last):\n"
+           '  File ".../moe_course/course/output_cap.py", line 58, in process_message\n'
+           "    raise OutputLimitError(f\"the notebook's output passed the limit of {self.output_bytes} bytes \"\n"
+           "moe_course.course.output_cap.OutputLimitError: the notebook's output passed the limit of 1048576 bytes "
+           "(--max-output-mb); grading stopped at cell 4\n")
+    assert summarise_error(log) == ("moe_course.course.output_cap.OutputLimitError: the notebook's output passed the "
+                                    "limit of 1048576 bytes (--max-output-mb); grading stopped at cell 4")
+
+
 def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path, monkeypatch):
     from moe_course.course import worker
 
@@ -88,7 +142,7 @@ def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path,
 
     monkeypatch.setattr(worker, "grade_submission", deep)
     monkeypatch.setattr(worker, "course_paths", lambda course: {"gradebooks": tmp_path})
-    assert worker.main([str(tmp_path), "01_vit", "ann", "60", str(2**30), "60", str(2**20)]) == 1
+    assert worker.main([str(tmp_path), "01_vit", "ann", "60", str(2**30), "60", str(2**20), str(2**20)]) == 1
     record = json.loads((tmp_path / "01_vit" / "ann.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("grading failed: RecursionError"), record
 

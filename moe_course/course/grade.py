@@ -60,7 +60,7 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
         result.unlink(missing_ok=True)
         command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment,
                    student, str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds),
-                   str(limits.output_bytes)]
+                   str(limits.output_bytes), str(limits.notebook_bytes)]
         env = grading_env(course_dir)
         if uid is not None:
             env[bubblewrap.SANDBOX_UID_ENV] = str(uid)
@@ -170,7 +170,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     for record in records:
         notebook = paths["submitted"] / record["student"] / assignment / f"{assignment}.ipynb"
         try:
-            record["flags"] = scan_notebook(notebook)
+            record["flags"] = scan_notebook(notebook, limits.notebook_bytes)
         except Exception as error:  # RecursionError from a deeply nested notebook, say: this row only
             record["flags"] = [f"not scanned: {type(error).__name__}"]
         record["sandbox"] = "bwrap" if sandbox else NO_SANDBOX

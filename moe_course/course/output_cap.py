@@ -1,4 +1,5 @@
-"""A cap on what a grading kernel may send back: nbgrader's cell executor, counting every output's bytes.
+"""A cap on what a grading kernel may send back, and on how long it may keep silent: nbgrader's cell executor,
+counting every output's bytes and ending a kernel that stops answering.
 
 It runs in the grading worker, outside the sandbox, so nothing a submission does can lift it. A notebook
 whose outputs (printed text, displays, results, errors) and widget (comm) messages pass ``Limits.output_bytes``
@@ -10,11 +11,18 @@ What the kernel sends where nobody reads cannot pile up here either: the client'
 ``input_request`` route; grading allows no input) is never connected while the kernel runs, so whatever is sent
 on it is dropped by the kernel's own socket (a ROUTER drops what it cannot route) instead of queueing, unread,
 in this process.
+
+A cell past its timeout is interrupted (nbclient) and scores 0; its kernel must then deliver that cell's reply
+within ``answer_seconds``. One that does not -- it swallows the interrupt, or drops its replies -- ends the
+submission's grading there with ``ReplyTimeoutError``, instead of making every later cell wait out its own
+timeout.
 """
 
 from __future__ import annotations
 
 import json
+from queue import Empty
+from time import monotonic
 
 from nbclient.util import ensure_async, run_hook, run_sync
 from nbgrader.preprocessors import Execute
@@ -29,11 +37,17 @@ class OutputLimitError(RuntimeError):
     """The submission's outputs passed the cap (message: how many bytes it allows)."""
 
 
+class ReplyTimeoutError(RuntimeError):
+    """A kernel sent no reply for a cell it was told to interrupt (message: the seconds it was given)."""
+
+
 class CappedExecute(Execute):
     """nbgrader's ``Execute`` that counts the bytes of every output and comm message and raises
-    ``OutputLimitError`` once their sum passes ``output_bytes``."""
+    ``OutputLimitError`` once their sum passes ``output_bytes``, and raises ``ReplyTimeoutError`` when a cell
+    interrupted at its timeout gets no reply within ``answer_seconds``."""
 
     output_bytes = Integer(16 * 2**20, help="bytes of output a whole notebook may send").tag(config=True)
+    answer_seconds = Integer(10, help="seconds an interrupted cell's kernel has to reply").tag(config=True)
 
     def preprocess(self, nb, resources=None, km=None):
         """Execute notebook ``nb`` as nbgrader's ``Execute`` does, counting its output from zero."""
@@ -50,6 +64,28 @@ class CappedExecute(Execute):
                 raise OutputLimitError(f"the notebook's output passed the limit of {self.output_bytes} bytes "
                                        f"(--max-output-mb); grading stopped at cell {cell_index}")
         return super().process_message(msg, cell, cell_index)
+
+    async def _async_poll_for_reply(self, msg_id, cell, timeout, task_poll_output_msg, task_poll_kernel_alive):
+        """nbclient's wait for the reply to execute request ``msg_id``, which is remembered for
+        ``_async_handle_timeout``."""
+        self._awaited = msg_id
+        return await super()._async_poll_for_reply(msg_id, cell, timeout, task_poll_output_msg,
+                                                   task_poll_kernel_alive)
+
+    async def _async_handle_timeout(self, timeout, cell=None):
+        """nbclient's interrupt of a cell past its ``timeout`` (s); then the kernel's reply to that cell is read
+        from the shell channel, which raises ``ReplyTimeoutError`` if none comes within ``answer_seconds``."""
+        reply = await super()._async_handle_timeout(timeout, cell)
+        deadline = monotonic() + self.answer_seconds
+        while (left := deadline - monotonic()) > 0:
+            try:
+                msg = await ensure_async(self.kc.shell_channel.get_msg(timeout=left))
+            except Empty:
+                break
+            if msg.get("parent_header", {}).get("msg_id") == self._awaited:
+                return reply
+        raise ReplyTimeoutError(f"the kernel sent no reply within {self.answer_seconds} s of interrupting a cell "
+                                f"at its {timeout} s timeout (--cell-timeout); grading stopped there")
 
     async def async_start_new_kernel_client(self):
         """nbclient's kernel client for the started kernel (``self.kc``), with its shell, iopub, control and

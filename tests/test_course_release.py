@@ -133,3 +133,59 @@ def test_a_helper_that_answers_another_assignment_is_refused(helpers, graded, fo
         build.release(tmp_path / "course", ["02_other"], solutions_dir=solutions, exercises_dir=None)
     assert not (tmp_path / "course" / "release").exists()
     build.check_no_cross_answers(solutions, ["01_double"])  # 01's own checks file keeps no helper
+
+
+# 03's sandbox helper before it was taken out: 02's graded top_k_routing behind another signature (it takes the
+# generator, so called as an answer it passed no check; a learner wrapped it with an object whose normal() gives
+# the logits).
+OLD_ROUTING = '''def _routing(rng, shape, num_experts, decimals=None):
+    """(expert_index, gates), each ``shape`` = (groups, tokens, k), for random logits drawn here."""
+    groups, tokens, k = shape
+    logits = rng.normal(size=(groups, tokens, num_experts))
+    logits = logits if decimals is None else np.round(logits, decimals)
+    z = logits - logits.max(axis=-1, keepdims=True)
+    probs = (np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)).astype(np.float32)
+    expert_index = np.argsort(-probs, axis=-1, kind="stable")[..., :k].astype(np.int32)
+    return expert_index, np.take_along_axis(probs, expert_index, axis=-1)
+'''
+ROUTING_CHECKS = (CHECKS_HEADER + "{helper}\n\ndef _cases(rng):\n    return [{call}]\n\n\n"
+                  "CHECKS = {{'served_tests': Check(_cases, lambda i, g: int(i.sum()), scalar=True)}}\n")
+
+
+@pytest.mark.parametrize("helper, call", [
+    (OLD_ROUTING, "_routing(rng, (2, 14, 1), 5)"),
+    # renamed, its steps inlined into one statement, behind a lambda of the CHECKS line's kind
+    ("def _draw(generator, e):\n    s = generator.normal(size=(2, 3, e))\n    return np.argsort(-(np.exp(s) / "
+     "np.exp(s).sum(axis=-1, keepdims=True)), axis=-1, kind='stable')", "(_draw(rng, 4), 0)"),
+], ids=["03-routing", "renamed-and-inlined"])
+def test_a_helper_that_holds_a_solution_functions_code_is_refused_whatever_its_signature(helper, call, tmp_path):
+    import shutil
+
+    folder = tmp_path / "solutions"
+    (folder / "checks").mkdir(parents=True)
+    for name in ("02_moe_layer.py", "checks/02_moe_layer.py"):
+        shutil.copyfile(ROOT / "solutions" / name, folder / name)
+    (folder / "03_vmoe_bpr.py").write_text("_answers.record('served_tests', bpr_top1_served)\n")
+    (folder / "checks" / "03_vmoe_bpr.py").write_text(ROUTING_CHECKS.format(helper=helper, call=call))
+    with pytest.raises(build.ReleaseError) as refused:
+        build.check_no_cross_answers(folder)
+    name = helper.split("(")[0].removeprefix("def ")
+    assert f"03_vmoe_bpr.py: {name} shares code with 02_moe_layer's top_k_routing (" in str(refused.value), refused
+    (folder / "checks" / "03_vmoe_bpr.py").write_text(
+        ROUTING_CHECKS.format(helper="", call="(rng.integers(0, 5, size=(2, 14)), rng.random((2, 14)))"))
+    build.check_no_cross_answers(folder)  # inputs drawn as such share nothing
+
+
+def test_shared_code_matches_renamed_variables_not_small_idioms():
+    from moe_course.course import shared_code
+
+    answer, = shared_code.functions("def f(logits):\n    '''Doc.'''\n    z = np.exp(logits - logits.max(axis=-1))\n"
+                                    "    return z / z.sum(axis=-1, keepdims=True)\n").values()
+    same, = shared_code.functions("def g(a, b=1):\n    w = np.exp(a - a.max(axis=-1))\n"
+                                  "    return w / w.sum(axis=-1, keepdims=True)\n").values()
+    wrapped, = shared_code.functions("def h(rng):\n    y = rng.normal(size=3)\n"
+                                     "    return 2 * (y / y.sum(axis=-1, keepdims=True))\n").values()
+    small, = shared_code.functions("def k(x):\n    return x / x.sum()\n").values()
+    assert shared_code.shared(same, answer)[0] == "the whole body"
+    assert shared_code.shared(wrapped, answer) == ["y / y.sum(axis=-1, keepdims=True)"]
+    assert shared_code.shared(small, answer) == []

@@ -143,6 +143,22 @@ for _ in range(40):
     sent += 1
 time.sleep(3)
 print('STDIN', sent)"""
+# From the kernel's control thread, when grading asks it to shut down: 60 messages of 48 MiB to the socket that
+# asked (the kernel manager's, which never reads; a worker held 3.0 GiB of them).
+CONTROL_FLOOD = """k = get_ipython().kernel
+def flood(stream, ident, parent):
+    buffer = b'x' * (48 * 2**20)
+    for _ in range(60):
+        k.session.send(stream, 'debug_reply', {}, parent=parent, ident=ident, buffers=[buffer])
+k.control_handlers['shutdown_request'] = flood
+print('CONTROL armed')"""
+# A kernel that drops every execute reply: each later cell waited out its own timeout.
+SILENT = """def _silence(kernel):
+    send = kernel.session.send
+    def dropping(stream, kind, *args, **kwargs):
+        return {'content': {'status': 'ok'}} if kind == 'execute_reply' else send(stream, kind, *args, **kwargs)
+    kernel.session.send = dropping
+_silence(get_ipython().kernel)"""
 # A .json error record of 60 MB of empty lists (about 1.2 GB of Python objects, parsed).
 JSON_RECORD = """import os
 os.remove('/grading/answers/probs_tests.npz')
@@ -382,6 +398,9 @@ def graded(tmp_path_factory):
                            "open('/grading/answers/probs_tests.npz', 'wb').write(base64.b64decode("
                            f"{base64.b64encode(_bzip2_member_npz(32)).decode()!r}))"),
         "json_record": _with(full, double_answer=correct["double_answer"] + "\n" + JSON_RECORD),
+        "control_flood": _with(full, double_answer=correct["double_answer"] + "\n" + CONTROL_FLOOD),
+        # A kernel that stops answering is ended at its first missed reply.
+        "silent": _with(full, probs_answer=correct["probs_answer"] + "\n" + SILENT),
         # What the kernel writes to its own stdout, or sends as widget messages, never reaches the batch whole.
         "stdout_flood": _with(full, double_answer=correct["double_answer"] + "\nimport os, sys\nwritten = 0\n"
                               "saved = sys.stdout._original_stdstream_copy  # ipykernel's copy of the real fd 1\n"
@@ -669,6 +688,20 @@ def test_the_graders_own_processes_stay_under_1_gib(graded):
 def test_a_flood_on_the_kernels_stdin_channel_reaches_nothing(graded):
     assert graded["grades"]["stdin_flood"]["status"] == "graded" and _score(graded, "stdin_flood") == 3.0
     assert "STDIN 40" in _outputs(graded, "stdin_flood", "double_answer")
+
+
+def test_a_flood_on_the_control_channel_is_not_held_by_the_worker(graded):
+    assert graded["grades"]["control_flood"]["status"] == "graded" and _score(graded, "control_flood") == 3.0
+    assert "CONTROL armed" in _outputs(graded, "control_flood", "double_answer")
+    record = json.loads((graded["course"] / "gradebooks" / NAME / "control_flood.json").read_text())
+    assert record["worker_max_rss_mib"] < 700, record
+
+
+def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(graded):
+    silent = graded["grades"]["silent"]
+    assert silent["status"] == "failed" and _score(graded, "silent") == 0.0, silent
+    assert (f"ReplyTimeoutError: the kernel sent no reply within 10 s of interrupting a cell at its {CELL_TIMEOUT} s "
+            "timeout") in silent["error"], silent
 
 
 def test_a_bzip2_member_or_a_huge_error_record_is_not_read(graded):

@@ -107,6 +107,36 @@ def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_pa
     assert time.perf_counter() - start < 15  # kernel start-up included; all six timeouts would be 18 s
 
 
+# From the kernel's control thread, at shutdown: 20 messages of 16 MiB to the socket that asked (the kernel
+# manager's control socket, which never reads).
+CONTROL_FLOOD = """import sys
+import nbformat
+from moe_course.course.output_cap import CappedExecute
+FLOOD = '''k = get_ipython().kernel
+def flood(stream, ident, parent):
+    buffer = b"x" * (16 * 2**20)
+    for _ in range(20):
+        k.session.send(stream, "debug_reply", {}, parent=parent, ident=ident, buffers=[buffer])
+k.control_handlers["shutdown_request"] = flood'''
+def peak():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
+before = peak()
+CappedExecute(timeout=20, kernel_name="python3").preprocess(nbformat.v4.new_notebook(cells=[
+    nbformat.v4.new_code_cell(FLOOD)]), {"metadata": {"path": sys.argv[1]}})
+print(round(peak() - before))
+"""
+
+
+def test_a_control_channel_flood_is_not_held_by_the_grading_process(tmp_path):
+    """The grading process's peak memory grows by less than 64 MiB while the kernel sends 320 MiB to its control
+    socket (it grew by 320 MiB with jupyter_client's own manager)."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+    done = subprocess.run([sys.executable, "-c", CONTROL_FLOOD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(SOLUTIONS.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) < 64, done.stdout
+
+
 def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp_path):
     from moe_course.course.bounded import read_regular
 

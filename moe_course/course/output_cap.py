@@ -8,9 +8,14 @@ is stopped there:
 shut down by nbclient as for any other failure.
 
 What the kernel sends where nobody reads cannot pile up here either: the client's stdin channel (the kernel's
-``input_request`` route; grading allows no input) is never connected while the kernel runs, so whatever is sent
-on it is dropped by the kernel's own socket (a ROUTER drops what it cannot route) instead of queueing, unread,
-in this process.
+``input_request`` route; grading allows no input) and control channel are never connected while the kernel
+runs, so whatever is sent on them is dropped by the kernel's own socket (a ROUTER drops what it cannot route)
+instead of queueing, unread, in this process. The one control socket this process does hold, the kernel
+manager's (``BoundedKernelManager``: it sends the interrupts and the shutdown request, and never reads), takes
+no message over ``CONTROL_MESSAGE_BYTES`` -- ZeroMQ's ``MAXMSGSIZE`` drops the connection of a peer that sends
+one -- and queues at most ``CONTROL_QUEUE``; the client's shell, iopub and heartbeat sockets take no message
+over the output cap (plus 1 MiB). A kernel that sent 60 ``debug_reply`` messages of 48 MiB to the manager's
+socket from its control thread held 3.0 GiB in the grading worker before.
 
 A cell past its timeout is interrupted (nbclient) and scores 0; its kernel must then deliver that cell's reply
 within ``answer_seconds``. One that does not -- it swallows the interrupt, or drops its replies -- ends the
@@ -24,6 +29,9 @@ import json
 from queue import Empty
 from time import monotonic
 
+import zmq
+import zmq.asyncio
+from jupyter_client.manager import AsyncKernelManager
 from nbclient.util import ensure_async, run_hook, run_sync
 from nbgrader.preprocessors import Execute
 from traitlets import Integer
@@ -31,6 +39,28 @@ from traitlets import Integer
 # What a kernel sends back: outputs, and the comm (widget) messages nbclient keeps in the notebook's metadata.
 COUNTED = ("stream", "display_data", "update_display_data", "execute_result", "error", "comm_open", "comm_msg",
            "comm_close", "clear_output")
+CONTROL_MESSAGE_BYTES = 2**20  # a control reply (to an interrupt or shutdown request) is a few hundred bytes
+CONTROL_QUEUE = 4  # messages the manager's control socket queues, unread
+
+
+def bounded_context(max_message_bytes: int, queued: int | None = None) -> zmq.asyncio.Context:
+    """A ZeroMQ context whose sockets take no message part over ``max_message_bytes`` (``MAXMSGSIZE``: the
+    connection of a peer that sends one is dropped) and queue at most ``queued`` received messages
+    (``RCVHWM``; ZeroMQ's default of 1000 when None)."""
+    context = zmq.asyncio.Context()
+    context.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+    if queued is not None:
+        context.setsockopt(zmq.RCVHWM, queued)
+    return context
+
+
+class BoundedKernelManager(AsyncKernelManager):
+    """jupyter_client's kernel manager whose own control socket (the only socket it makes) is bounded: at most
+    ``CONTROL_QUEUE`` messages of at most ``CONTROL_MESSAGE_BYTES`` each (``bounded_context``)."""
+
+    def _context_default(self) -> zmq.asyncio.Context:
+        self._created_context = True
+        return bounded_context(CONTROL_MESSAGE_BYTES, CONTROL_QUEUE)
 
 
 class OutputLimitError(RuntimeError):
@@ -48,6 +78,10 @@ class CappedExecute(Execute):
 
     output_bytes = Integer(16 * 2**20, help="bytes of output a whole notebook may send").tag(config=True)
     answer_seconds = Integer(10, help="seconds an interrupted cell's kernel has to reply").tag(config=True)
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("kernel_manager_class", BoundedKernelManager)
+        super().__init__(*args, **kwargs)
 
     def preprocess(self, nb, resources=None, km=None):
         """Execute notebook ``nb`` as nbgrader's ``Execute`` does, counting its output from zero."""
@@ -88,13 +122,15 @@ class CappedExecute(Execute):
                                 f"at its {timeout} s timeout (--cell-timeout); grading stopped there")
 
     async def async_start_new_kernel_client(self):
-        """nbclient's kernel client for the started kernel (``self.kc``), with its shell, iopub, control and
-        heartbeat channels and no stdin channel (see the module docstring; jupyter_client connects one only
-        when ``stop_channels`` looks at it, after the kernel was shut down). A kernel that does not answer
-        within ``startup_timeout`` is cleaned up and the error raised, as nbclient does."""
-        self.kc = self.km.client()
+        """nbclient's kernel client for the started kernel (``self.kc``), with its shell, iopub and heartbeat
+        channels, each taking no message over ``output_bytes`` + 1 MiB, and no stdin or control channel (see the
+        module docstring; jupyter_client connects those only when ``stop_channels`` looks at them, after the
+        kernel was shut down). A kernel that does not answer within ``startup_timeout`` is cleaned up and the
+        error raised, as nbclient does."""
+        self.kc = self.km.client(context=bounded_context(self.output_bytes + 2**20))
+        self.kc._created_context = True  # stop_channels destroys it
         try:
-            await ensure_async(self.kc.start_channels(stdin=False))
+            await ensure_async(self.kc.start_channels(stdin=False, control=False))
             await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))
         except Exception:
             await self._async_cleanup_kernel()

@@ -226,6 +226,33 @@ def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp
     assert said.startswith(f"moe-course course: error: --jobs {jobs} x (6144 MiB") and "\n" not in said, said
 
 
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_the_jobs_check_reads_the_memory_limit_of_every_ancestor_cgroup(version, tmp_path, monkeypatch):
+    """An unlimited cgroup below a parent limited to 4 GiB (a systemd slice, a container): 3 x (6144 + 1024) MiB
+    is refused, naming the parent; the machine's MemTotal and MemAvailable are bounds too."""
+    from moe_course.course import budget
+
+    mount, unlimited = tmp_path / "cgroup", "max" if version == "v2" else str(2**63 - 4096)
+    own = mount / "grading.slice" / "grader"
+    own.mkdir(parents=True)
+    name = "memory.max" if version == "v2" else "memory.limit_in_bytes"
+    (own / name).write_text(unlimited + "\n")
+    (own.parent / name).write_text(f"{4 * 2**30}\n")
+    if version == "v1":  # what the kernel reports for the ancestors a container hides from it
+        (own / "memory.stat").write_text(f"cache 0\nhierarchical_memory_limit {6 * 2**30}\n")
+    monkeypatch.setattr(budget, "_mounts", lambda: [(str(mount), "cgroup2", ["rw"]) if version == "v2"
+                                                    else (str(mount), "cgroup", ["rw", "memory"])])
+    monkeypatch.setattr(budget, "_own_paths", lambda: {"" if version == "v2" else "memory": "/grading.slice/grader"})
+    limits = budget.memory_limits()
+    assert limits[f"cgroup {own.parent}"] == 4 * 2**30 and {"MemTotal", "MemAvailable"} <= set(limits), limits
+    assert limits.get(f"cgroup {own}") == (None if version == "v2" else 6 * 2**30), limits  # v2 "max": no limit
+    assert budget.machine_memory_bytes() == 4 * 2**30
+    with pytest.raises(ValueError, match=rf"^--jobs 3 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) "
+                                         rf"= 21504 MiB is more than the memory limit of cgroup {own.parent}: 4096 MiB: "
+                                         r"lower --jobs to 1 or --memory-mb to 341$"):
+        budget.fits(3, 6144 * 2**20)
+
+
 def test_recorded_answers_are_read_only_within_bounds(tmp_path):
     """A bzip2 or LZMA member is refused unread (its decoder inflates whole blocks); an error record is
     size-capped before it is parsed. Peak memory measured with tracemalloc."""

@@ -78,8 +78,13 @@ def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tm
     assert len(err) == 1 and "apt-get install bubblewrap" in err[0] and "--no-sandbox" in err[0], err
     monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits, uid, tmpfs=False: {
         "student": student, "assignment": assignment, "status": "graded", "error": "", "score": 1.0, "max_score": 1.0})
-    monkeypatch.setattr(grade, "scan_notebook", lambda notebook: [])
-    assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox"]) == 0
+    monkeypatch.setattr(grade, "scan_notebook", lambda notebook, limit: [])
+    assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox", "--memory-mb",
+                 "2048"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "capped per process only" in line]
+    assert said == ["moe-course course autograde: memory is capped per process only (no cgroup per submission: grade "
+                    "as root for one): each of a submission's up to 512 processes may take 2048 MiB (--memory-mb), "
+                    "and memfd files, which count against no process, 64 MiB each with 1024 open per process"], said
     assert "moe_course.course.kernel" in (course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
     record = (course / "gradebooks" / "01_vit" / "ann.json").read_text()
     assert '"sandbox": "none (--no-sandbox)"' in record

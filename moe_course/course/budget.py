@@ -20,7 +20,8 @@ everything it starts are counted together:
   so no grader ever shares its TMPDIR between submissions.
 - ``fits``: the batch starts only if ``--jobs`` submissions' worst case -- the kernel's memory limit, its
   scratch and the sandbox's writable tmpfs, all of which can be held in RAM at once -- fits in this machine's
-  memory (``machine_memory_bytes``).
+  memory, its memory available now, and the memory limit of its cgroup and of every ancestor cgroup
+  (``memory_limits``).
 """
 
 from __future__ import annotations
@@ -226,26 +227,61 @@ def can_own_scratch() -> bool:
             return False
 
 
-def machine_memory_bytes() -> int:
-    """The memory this grader may use (bytes): the machine's (``/proc/meminfo`` MemTotal), or the memory limit of
-    the cgroup it runs in where that is lower (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
-    total = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                     if line.startswith("MemTotal:"))) * 1024
+def _number(path: Path, key: str | None = None) -> int | None:
+    """The integer in file ``path`` (or on its line ``key VALUE``); None when unreadable or not a number ("max")."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if key is not None:
+        text = next((line.split()[1] for line in text.splitlines() if line.split()[:1] == [key]), "")
+    return int(text.strip()) if text.strip().isdigit() else None
+
+
+def memory_limits() -> dict[str, int]:
+    """Every bound on the memory this grader may use, {where: bytes}: "MemTotal" and "MemAvailable" (what the
+    machine has, and what it can give now without swapping; ``/proc/meminfo``), and the memory limit of the
+    cgroup this process runs in and of every ancestor it can see -- cgroup v2 ``memory.max`` up the tree, v1
+    ``memory.limit_in_bytes`` up the tree and ``hierarchical_memory_limit`` (``memory.stat``: the lowest of its
+    ancestors', also those a container hides) -- each under "cgroup PATH". A systemd slice or a container that
+    limits a parent limits the grader as much as its own cgroup would."""
+    meminfo = Path("/proc/meminfo")
+    found = {name: value * 1024 for name in ("MemTotal", "MemAvailable")
+             if (value := _number(meminfo, f"{name}:")) is not None}
     own = _own_paths()
     for point, kind, options in _mounts():
         if kind == "cgroup2" and "" in own:
-            limit = Path(point) / own[""].lstrip("/") / "memory.max"
+            path, files = own[""], [("memory.max", None)]
         elif kind == "cgroup" and "memory" in options and "memory" in own:
-            limit = Path(point) / own["memory"].lstrip("/") / "memory.limit_in_bytes"
+            path, files = own["memory"], [("memory.limit_in_bytes", None), ("memory.stat", "hierarchical_memory_limit")]
         else:
             continue
-        try:
-            value = limit.read_text().strip()
-        except OSError:
-            continue
-        if value.isdigit():
-            total = min(total, int(value))
-    return total
+        folder = Path(point) / path.lstrip("/")
+        while True:
+            for name, key in files:
+                if (value := _number(folder / name, key)) is not None:
+                    found[f"cgroup {folder}"] = min(value, found.get(f"cgroup {folder}", value))
+            if folder == Path(point) or folder == folder.parent:
+                break
+            folder = folder.parent
+    return found
+
+
+def machine_memory_bytes() -> int:
+    """The memory this grader may use (bytes): the lowest of ``memory_limits``."""
+    return min(memory_limits().values())
+
+
+def per_process_only(memory_bytes: int) -> str:
+    """The one line a batch prints where no cgroup caps a submission as a whole (a grader that is not root, or
+    a host that lets it create none): what ``memory_bytes`` per process then allows one submission to hold."""
+    from moe_course.course.guard import FILE_SIZE_BYTES
+    from moe_course.course.sandbox import MAX_OPEN_FILES, MAX_PROCESSES
+
+    return (f"memory is capped per process only (no cgroup per submission: grade as root for one): each of a "
+            f"submission's up to {MAX_PROCESSES} processes may take {memory_bytes // 2**20} MiB (--memory-mb), and "
+            f"memfd files, which count against no process, {FILE_SIZE_BYTES // 2**20} MiB each with "
+            f"{MAX_OPEN_FILES} open per process")
 
 
 def submission_bytes(memory_bytes: int, sandbox: bool = True) -> int:
@@ -257,16 +293,21 @@ def submission_bytes(memory_bytes: int, sandbox: bool = True) -> int:
 
 
 def fits(jobs: int, memory_bytes: int, sandbox: bool = True, machine_bytes: int | None = None) -> None:
-    """Check that ``jobs`` submissions graded at once fit in ``machine_bytes`` (default
-    ``machine_memory_bytes()``): ``submission_bytes`` each. Raises ValueError with one line naming the numbers
-    (MiB) otherwise. jobs < 1 is left to ``grade.autograde`` to refuse."""
+    """Check that ``jobs`` submissions graded at once fit in ``machine_bytes`` (default: the lowest of
+    ``memory_limits``, named in the message): ``submission_bytes`` each. Raises ValueError with one line naming
+    the numbers (MiB) and the limit otherwise. jobs < 1 is left to ``grade.autograde`` to refuse."""
     if not isinstance(jobs, int) or jobs < 1:
         return
-    machine = machine_memory_bytes() if machine_bytes is None else machine_bytes
+    if machine_bytes is None:
+        where, machine = min(memory_limits().items(), key=lambda item: item[1])
+        where = {"MemTotal": "this machine's", "MemAvailable": "this machine's available (MemAvailable)"}.get(
+            where, f"the memory limit of {where}:")
+    else:
+        where, machine = "this machine's", machine_bytes
     each = submission_bytes(memory_bytes, sandbox)
     if each * jobs > machine:
         tmpfs = each - memory_bytes
         raise ValueError(f"--jobs {jobs} x ({memory_bytes // 2**20} MiB --memory-mb + {tmpfs // 2**20} MiB of "
-                         f"tmpfs per submission) = {each * jobs // 2**20} MiB is more than this machine's "
+                         f"tmpfs per submission) = {each * jobs // 2**20} MiB is more than {where} "
                          f"{machine // 2**20} MiB: lower --jobs to {max(1, machine // each)} or --memory-mb to "
                          f"{max(0, (machine // jobs - tmpfs)) // 2**20}")

@@ -133,6 +133,8 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     bubblewrap (``moe_course.course.sandbox``) unless ``sandbox`` is False, which each record then says in
     its ``sandbox`` field. Run as root, the grader runs each kernel as an unprivileged host uid, one of
     ``jobs`` from ``sandbox_uid`` on (``sandbox_uids``), in a cgroup and on a tmpfs of its own (``budget``).
+    Where no cgroup holds (not root, or a host that gives none), one line on stderr says so before grading
+    (``budget.per_process_only``).
     Returns one record per student (see ``worker``), with ``flags`` from ``flags.scan_notebook`` added; any
     error while grading or flagging one submission stays in that student's record. Raises ValueError for
     jobs < 1, an assignment that is not in the course, or (with ``sandbox``) a host where bubblewrap is
@@ -151,6 +153,9 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
                      memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
     limits_held = sandbox_limits(uids[0]) if sandbox else {}
+    if "cgroup" not in limits_held:  # said at the start of every batch: the instructor decides on it
+        print(f"moe-course course autograde: {budget.per_process_only(limits.memory_bytes)}", file=sys.stderr,
+              flush=True)
     free = queue.SimpleQueue()
     for uid in uids:
         free.put(uid)

@@ -177,8 +177,29 @@ def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path,
     assert record["status"] == "failed" and record["error"].startswith("grading failed: RecursionError"), record
 
 
+def test_what_a_killed_worker_left_is_removed_and_a_running_workers_is_kept(tmp_path):
+    from moe_course.course import budget
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "moe_course.course.worker"])
+    try:
+        lost, kept = tmp_path / f"moe-grade-{ended.pid}-x1", tmp_path / f"moe-grade-{running.pid}-x2"
+        (lost / "answers").mkdir(parents=True)
+        kept.mkdir()
+        group = budget.Cgroup.create(f"moe-grade-{ended.pid}", memory_bytes=2**28, processes=8)
+        removed = budget.remove_leftovers(tmp_path)
+        assert not lost.exists() and kept.exists() and lost in removed
+        if group is not None:  # where this host lets a process create cgroups (root)
+            assert set(group.folders) <= set(removed) and not any(f.exists() for f in group.folders), removed
+        assert budget.remove_leftovers(tmp_path, pids=[running.pid]) == [kept] and not kept.exists()
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_a_tree_deeper_than_python_recurses_is_removed(tmp_path):
-    from moe_course.course.worker import remove_tree
+    from moe_course.course.budget import remove_tree
 
     deep = tmp_path / "scratch"
     subprocess.run(["mkdir", "-p", str(deep / "/".join(["d"] * 1500))], check=True)  # os.makedirs recurses
@@ -194,7 +215,7 @@ def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_p
     base = Path(tempfile.mkdtemp(prefix="moe-grade-locked-", dir="/tmp"))
     if plain:
         os.chown(base, 65534, 65534)
-    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.worker import remove_tree\n"
+    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.budget import remove_tree\n"
               "scratch = sys.argv[1] + '/scratch'\nos.makedirs(scratch + '/locked/inner')\n"
               "open(scratch + '/locked/inner/data', 'wb').write(bytes(2**20))\n"
               "os.chmod(scratch + '/locked/inner', 0)\nos.chmod(scratch + '/locked', 0)\n"

@@ -165,6 +165,67 @@ class Cgroup:
         return {CGROUPS_ENV: os.pathsep.join(str(f) for f in self.folders)}
 
 
+LEFTOVER_PREFIX = "moe-grade-"  # a worker's cgroup is moe-grade-<pid>, its scratch folder moe-grade-<pid>-*
+
+
+def _cgroup_parents() -> list[Path]:
+    """The folders a worker's cgroup is created in: this process's own cgroup in every hierarchy it can see."""
+    own, parents = _own_paths(), []
+    for point, kind, options in _mounts():
+        if kind == "cgroup2" and "" in own:
+            parents.append(Path(point) / own[""].lstrip("/"))
+        elif kind == "cgroup":
+            parents += [Path(point) / own[c].lstrip("/") for c in _V1 if c in options and c in own]
+    return parents
+
+
+def _worker_runs(pid: int) -> bool:
+    """Whether process ``pid`` is a running grading worker (``python -m moe_course.course.worker``)."""
+    try:
+        return b"moe_course.course.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def remove_leftovers(tmpdir: Path, pids=None) -> list[Path]:
+    """Remove what grading workers that no longer run left behind -- their cgroups (``moe-grade-<pid>`` below
+    this process's own, every process still in them killed) and scratch folders (``moe-grade-<pid>-*`` in
+    ``tmpdir``; their tmpfs went with the worker's mount namespace) -- of the workers ``pids`` (after the batch
+    killed or lost one), or of every worker that is gone (None: at the start of a batch). Returns the folders
+    removed; one that cannot be removed is left and not returned."""
+    def gone(name: str, cut) -> bool:
+        pid = name[len(LEFTOVER_PREFIX):]
+        pid = cut(pid)
+        return pid.isdigit() and (int(pid) in pids if pids is not None else not _worker_runs(int(pid)))
+
+    pids = None if pids is None else set(pids)
+    removed = []
+    for parent in _cgroup_parents():
+        for folder in parent.glob(f"{LEFTOVER_PREFIX}*"):
+            if folder.is_dir() and gone(folder.name, lambda rest: rest):
+                try:
+                    Cgroup([folder]).remove(timeout=5)
+                    removed.append(folder)
+                except OSError:
+                    pass
+    for folder in Path(tmpdir).glob(f"{LEFTOVER_PREFIX}*-*"):
+        if folder.is_dir() and not folder.is_symlink() and gone(folder.name, lambda rest: rest.split("-")[0]):
+            remove_tree(folder)
+            if not folder.exists():
+                removed.append(folder)
+    return removed
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove ``folder`` and all it holds, however deep (coreutils ``rm``: a kernel may leave a tree thousands
+    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system. Every
+    folder is first made readable, writable and searchable by its owner (coreutils ``chmod -R u+rwx``, which
+    changes a folder before it reads it and follows no link), so that a folder a submission set to mode 000 does
+    not keep its contents on the grader's disk when the grader is not root."""
+    subprocess.run(["chmod", "-R", "u+rwx", "--", str(folder)], capture_output=True)
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(folder)], capture_output=True)
+
+
 def join_from_environment() -> None:
     """In the sandbox launcher: join the cgroup the worker named in ``CGROUPS_ENV`` (nothing when unset)."""
     folders = [Path(f) for f in os.environ.get(CGROUPS_ENV, "").split(os.pathsep) if f]

@@ -78,6 +78,8 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
                 os.killpg(process.pid, signal.SIGKILL)  # the worker, its kernel and anything they started
                 process.wait()
                 error = f"timed out after {limits.submission_timeout} s (whole submission)"
+            finally:  # a worker killed from outside cleans nothing up itself
+                budget.remove_leftovers(Path(tempfile.gettempdir()), pids=[process.pid])
         if error:
             result.write_text(json.dumps({**failed, "error": error}))
         return json.loads(result.read_text())
@@ -152,6 +154,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     write_kernelspec(paths["jupyter"], protect=[paths["root"], Path(solutions_dir)],
                      memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
+    budget.remove_leftovers(Path(tempfile.gettempdir()))  # of workers an earlier batch lost (killed with it)
     limits_held = sandbox_limits(uids[0]) if sandbox else {}
     if "cgroup" not in limits_held:  # said at the start of every batch: the instructor decides on it
         print(f"moe-course course autograde: {budget.per_process_only(limits.memory_bytes)}", file=sys.stderr,

@@ -137,12 +137,13 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     """
     from nbgrader.apps import NbGraderAPI
 
+    from moe_course.course import budget
     from moe_course.course.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
     from moe_course.course.inputs import inputs_only
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
-    scratch = Path(tempfile.mkdtemp(prefix="moe-grade-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"moe-grade-{os.getpid()}-"))  # budget.remove_leftovers finds it
     cgroup, mounted = None, False
     try:
         if os.environ.get(SCRATCH_TMPFS_ENV):
@@ -170,17 +171,7 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
             cgroup.remove()
         if mounted:
             subprocess.run(["umount", "--lazy", str(scratch)], capture_output=True)
-        remove_tree(scratch)
-
-
-def remove_tree(folder: Path) -> None:
-    """Remove ``folder`` and all it holds, however deep (coreutils ``rm``: a kernel may leave a tree thousands
-    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system. Every
-    folder is first made readable, writable and searchable by its owner (coreutils ``chmod -R u+rwx``, which
-    changes a folder before it reads it and follows no link), so that a folder a submission set to mode 000 does
-    not keep its contents on the grader's disk when the grader is not root."""
-    subprocess.run(["chmod", "-R", "u+rwx", "--", str(folder)], capture_output=True)
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(folder)], capture_output=True)
+        budget.remove_tree(scratch)
 
 
 def summarise_error(log: str) -> str:

@@ -37,6 +37,10 @@ CGROUPS_ENV = "MOE_COURSE_SANDBOX_CGROUPS"  # the cgroup folders the launcher jo
 SCRATCH_TMPFS_ENV = "MOE_COURSE_SCRATCH_TMPFS"  # set by the batch where the worker can mount its scratch tmpfs
 SCRATCH_BYTES = 512 * 2**20  # the submission's writable copy, its answers and sockets together
 SCRATCH_INODES = 20_000
+TMPFS_BYTES = 256 * 2**20  # the sandbox's /tmp and /dev/shm, each
+WRITABLE_TMPFS_BYTES = 2 * TMPFS_BYTES  # /tmp and /dev/shm; /, /dev and the hiding tmpfs are read-only
+MAX_PROCESSES = 512  # processes and threads of the kernel (XLA starts a thread pool per core)
+MAX_OPEN_FILES = 1024
 CPU_WEIGHT = 100  # cgroup v2 default; every submission gets the same (v1: cpu.shares 1024)
 _V1 = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",),
        "cpu": ("cpu.shares",)}
@@ -337,7 +341,6 @@ def per_process_only(memory_bytes: int) -> str:
     """The one line a batch prints where no cgroup caps a submission as a whole (a grader that is not root, or
     a host that lets it create none): what ``memory_bytes`` per process then allows one submission to hold."""
     from moe_course.course.guard import FILE_SIZE_BYTES
-    from moe_course.course.sandbox import MAX_OPEN_FILES, MAX_PROCESSES
 
     return (f"memory is capped per process only (no cgroup per submission: grade as root for one): each of a "
             f"submission's up to {MAX_PROCESSES} processes may take {memory_bytes // 2**20} MiB (--memory-mb), and "
@@ -347,9 +350,7 @@ def per_process_only(memory_bytes: int) -> str:
 
 def submission_bytes(memory_bytes: int, sandbox: bool = True) -> int:
     """What one submission can hold in RAM at once (bytes): its kernel's memory limit ``memory_bytes``, its
-    scratch tmpfs (SCRATCH_BYTES) and, in the sandbox, its writable tmpfs (``sandbox.WRITABLE_TMPFS_BYTES``)."""
-    from moe_course.course.sandbox import WRITABLE_TMPFS_BYTES
-
+    scratch tmpfs (SCRATCH_BYTES) and, in the sandbox, its writable tmpfs (WRITABLE_TMPFS_BYTES)."""
     return memory_bytes + SCRATCH_BYTES + (WRITABLE_TMPFS_BYTES if sandbox else 0)
 
 

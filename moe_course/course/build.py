@@ -142,7 +142,7 @@ def _answered_parts(helper, check, grade_id: str, cases: list, wants) -> list[in
     functions (each giving one output), the positions p whose output a tuple of n copies of ``helper``
     gets right in every case. ``wants(n)`` gives the references of the first n cases (computed only when
     needed: the first case decides whether the others are worth computing)."""
-    from moe_course.course.verdict import judge
+    from moe_course.course.compare import judge
 
     def passes(outputs, pick=None) -> bool:
         for count in (1, len(cases)):

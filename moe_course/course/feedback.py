@@ -201,6 +201,17 @@ def cap_markup(notebook, resources):
     return notebook, resources
 
 
+def hide_hidden_tracebacks(notebook, resources):
+    """nbgrader preprocessor for feedback: in every cell that holds hidden tests, replace each error's
+    traceback (which quotes the failing source line) by its one-line ``ename: evalue``."""
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
+    return notebook, resources
+
+
 def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
     """Write one student's page with nbgrader's API (in this process); returns "" or why it failed."""
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -208,7 +219,6 @@ def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
     from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
     from moe_course.course.config import nbgrader_config
-    from moe_course.course.grade import hide_hidden_tracebacks
     from moe_course.course.worker import record_paths
 
     db, _ = record_paths(course_dir, assignment, student)

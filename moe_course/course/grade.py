@@ -188,17 +188,6 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     return records
 
 
-def hide_hidden_tracebacks(notebook, resources):
-    """nbgrader preprocessor for feedback: in every cell that holds hidden tests, replace each error's
-    traceback (which quotes the failing source line) by its one-line ``ename: evalue``."""
-    for cell in notebook.cells:
-        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
-            for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
-                    output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
-    return notebook, resources
-
-
 def feedback(course_dir: Path, assignment: str, students=None, *,
              seconds: int = feedback_pages.FEEDBACK_SECONDS) -> dict[str, Path]:
     """HTML feedback per graded student (default: every submitted one; those not graded are left out), without

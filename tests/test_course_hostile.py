@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
-from course_submissions import answered, write  # noqa: E402
+from course_submissions import SILENT_KERNEL, answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
 from moe_course.course.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
 from moe_course.course.collect import MAX_ID, student_id  # noqa: E402
@@ -152,13 +152,6 @@ def flood(stream, ident, parent):
         k.session.send(stream, 'debug_reply', {}, parent=parent, ident=ident, buffers=[buffer])
 k.control_handlers['shutdown_request'] = flood
 print('CONTROL armed')"""
-# A kernel that drops every execute reply: each later cell waited out its own timeout.
-SILENT = """def _silence(kernel):
-    send = kernel.session.send
-    def dropping(stream, kind, *args, **kwargs):
-        return {'content': {'status': 'ok'}} if kind == 'execute_reply' else send(stream, kind, *args, **kwargs)
-    kernel.session.send = dropping
-_silence(get_ipython().kernel)"""
 # A .json error record of 60 MB of empty lists (about 1.2 GB of Python objects, parsed).
 JSON_RECORD = """import os
 os.remove('/grading/answers/probs_tests.npz')
@@ -400,7 +393,7 @@ def graded(tmp_path_factory):
         "json_record": _with(full, double_answer=correct["double_answer"] + "\n" + JSON_RECORD),
         "control_flood": _with(full, double_answer=correct["double_answer"] + "\n" + CONTROL_FLOOD),
         # A kernel that stops answering is ended at its first missed reply.
-        "silent": _with(full, probs_answer=correct["probs_answer"] + "\n" + SILENT),
+        "silent": _with(full, probs_answer=correct["probs_answer"] + "\n" + SILENT_KERNEL),
         # What the kernel writes to its own stdout, or sends as widget messages, never reaches the batch whole.
         "stdout_flood": _with(full, double_answer=correct["double_answer"] + "\nimport os, sys\nwritten = 0\n"
                               "saved = sys.stdout._original_stdstream_copy  # ipykernel's copy of the real fd 1\n"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from course_submissions import SILENT_KERNEL
 from moe_course.course import build, grade, inputs
 from moe_course.course.answers import load_checks
 from moe_course.course.config import SOLUTIONS
@@ -78,15 +79,6 @@ def test_widget_messages_count_toward_the_output_cap():
     executor._sent = 0
     with pytest.raises(OutputLimitError, match="passed the limit of 1000 bytes"):
         executor.process_message({"msg_type": "comm_msg", "content": {"data": {"x": "y" * 2000}}}, None, 0)
-
-
-# Drops every execute reply (ipykernel sends each through its session) and keeps answering everything else.
-SILENT_KERNEL = """def _silence(kernel):
-    send = kernel.session.send
-    def dropping(stream, kind, *args, **kwargs):
-        return {'content': {'status': 'ok'}} if kind == 'execute_reply' else send(stream, kind, *args, **kwargs)
-    kernel.session.send = dropping
-_silence(get_ipython().kernel)"""
 
 
 def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_path):
@@ -268,9 +260,9 @@ def test_the_jobs_check_reads_the_memory_limit_of_every_ancestor_cgroup(version,
     assert limits[f"cgroup {own.parent}"] == 4 * 2**30 and {"MemTotal", "MemAvailable"} <= set(limits), limits
     assert limits.get(f"cgroup {own}") == (None if version == "v2" else 6 * 2**30), limits  # v2 "max": no limit
     assert budget.machine_memory_bytes() == 4 * 2**30
-    with pytest.raises(ValueError, match=rf"^--jobs 3 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) "
-                                         rf"= 21504 MiB is more than the memory limit of cgroup {own.parent}: 4096 MiB: "
-                                         r"lower --jobs to 1 or --memory-mb to 341$"):
+    said = (rf"^--jobs 3 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) = 21504 MiB is more "
+            rf"than the memory limit of cgroup {own.parent}: 4096 MiB: lower --jobs to 1 or --memory-mb to 341$")
+    with pytest.raises(ValueError, match=said):
         budget.fits(3, 6144 * 2**20)
 
 

@@ -318,7 +318,8 @@ def memory_limits() -> dict[str, int]:
         if kind == "cgroup2" and "" in own:
             path, files = own[""], [("memory.max", None)]
         elif kind == "cgroup" and "memory" in options and "memory" in own:
-            path, files = own["memory"], [("memory.limit_in_bytes", None), ("memory.stat", "hierarchical_memory_limit")]
+            path = own["memory"]
+            files = [("memory.limit_in_bytes", None), ("memory.stat", "hierarchical_memory_limit")]
         else:
             continue
         folder = Path(point) / path.lstrip("/")

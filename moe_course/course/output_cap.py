@@ -13,9 +13,11 @@ runs, so whatever is sent on them is dropped by the kernel's own socket (a ROUTE
 instead of queueing, unread, in this process. The one control socket this process does hold, the kernel
 manager's (``BoundedKernelManager``: it sends the interrupts and the shutdown request, and never reads), takes
 no message over ``CONTROL_MESSAGE_BYTES`` -- ZeroMQ's ``MAXMSGSIZE`` drops the connection of a peer that sends
-one -- and queues at most ``CONTROL_QUEUE``; the client's shell, iopub and heartbeat sockets take no message
-over the output cap (plus 1 MiB). A kernel that sent 60 ``debug_reply`` messages of 48 MiB to the manager's
-socket from its control thread held 3.0 GiB in the grading worker before.
+one -- and queues at most ``CONTROL_QUEUE``. (A kernel that sent 60 ``debug_reply`` messages of 48 MiB to the
+manager's socket from its control thread held 3.0 GiB in the grading worker before.) The client's shell and
+iopub channels are read as the kernel sends, every message dropped once handled and iopub's counted against the
+output cap: there a message over a size limit would be lost unread and its cell would wait out the iopub
+timeout instead of stopping at the cap with its reason.
 
 A cell past its timeout is interrupted (nbclient) and scores 0; its kernel must then deliver that cell's reply
 within ``answer_seconds``. One that does not -- it swallows the interrupt, or drops its replies -- ends the
@@ -123,12 +125,10 @@ class CappedExecute(Execute):
 
     async def async_start_new_kernel_client(self):
         """nbclient's kernel client for the started kernel (``self.kc``), with its shell, iopub and heartbeat
-        channels, each taking no message over ``output_bytes`` + 1 MiB, and no stdin or control channel (see the
-        module docstring; jupyter_client connects those only when ``stop_channels`` looks at them, after the
-        kernel was shut down). A kernel that does not answer within ``startup_timeout`` is cleaned up and the
-        error raised, as nbclient does."""
-        self.kc = self.km.client(context=bounded_context(self.output_bytes + 2**20))
-        self.kc._created_context = True  # stop_channels destroys it
+        channels and no stdin or control channel (see the module docstring; jupyter_client connects those only
+        when ``stop_channels`` looks at them, after the kernel was shut down). A kernel that does not answer
+        within ``startup_timeout`` is cleaned up and the error raised, as nbclient does."""
+        self.kc = self.km.client()
         try:
             await ensure_async(self.kc.start_channels(stdin=False, control=False))
             await ensure_async(self.kc.wait_for_ready(timeout=self.startup_timeout))

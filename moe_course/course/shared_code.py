@@ -16,7 +16,8 @@ from __future__ import annotations
 import ast
 import copy
 
-MIN_NODES = 10  # `np.argsort(-p, axis=-1, kind='stable')` has 10, `x.max(axis=-1, keepdims=True)` 8, `h // p * (w // p)` 7
+# `np.argsort(-p, axis=-1, kind='stable')` has 10 nodes, `x.max(axis=-1, keepdims=True)` 8, `h // p * (w // p)` 7
+MIN_NODES = 10
 Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 _NOT_COUNTED = (ast.expr_context, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
 

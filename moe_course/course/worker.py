@@ -39,8 +39,9 @@ NO_OWN_SCRATCH = ("this grader is not root and cannot create a user namespace, i
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
 # What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
 KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying to kernel_info")
-KNOWN_CAUSES = ("OutputLimitError", "ReplyTimeoutError", "DeadKernelError", "Kernel died", "Kernel didn't respond",
-                "NotJSONError", "Unreadable", "JSONDecodeError", "ValidationError", "UnresponsiveKernelError", "Timeout")
+KNOWN_CAUSES = ("OutputLimitError", "ReplyTimeoutError", "DeadKernelError", "Kernel died",
+                "Kernel didn't respond", "NotJSONError", "Unreadable", "JSONDecodeError", "ValidationError",
+                "UnresponsiveKernelError", "Timeout")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:|$)")
 
 
@@ -96,8 +97,8 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
 
 def oversized_notebook(course_dir: Path, assignment: str, student: str, limit: int) -> str | None:
     """Why a notebook of the submission is too large to be parsed in this process (``bounded.read_notebook``:
-    more than ``limit`` bytes, or JSON arrays and objects past the limit, with the numbers), or None. Checked before nbgrader reads
-    it: this process is outside the submission's cgroup."""
+    more than ``limit`` bytes, or JSON arrays and objects past the limit, with the numbers), or None. Checked
+    before nbgrader reads it: this process is outside the submission's cgroup."""
     from moe_course.course.bounded import NotebookTooLarge, read_notebook
 
     for notebook in sorted((course_paths(course_dir)["submitted"] / student / assignment).glob("*.ipynb")):
@@ -190,8 +191,9 @@ def summarise_error(log: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s),
-    output (bytes), notebook size (bytes). Whatever goes wrong while grading, checking or cleaning up (a RecursionError, MemoryError
-    or OSError from what the submission left) ends as this student's "failed" record with the reason.
+    output (bytes), notebook size (bytes). Whatever goes wrong while grading, checking or cleaning up (a
+    RecursionError, MemoryError or OSError from what the submission left) ends as this student's "failed" record
+    with the reason.
 
     A worker that is not root, and not yet on a scratch tmpfs of its own, first re-runs itself in a user and
     mount namespace of its own (``budget.own_scratch_command``), where it mounts one; where this host allows no

@@ -18,9 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_cases(devices: int, *args: str) -> subprocess.Popen:
-    """Start ``python tests/multidevice.py *args`` with ``devices`` simulated CPU devices."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+def start_cases(devices: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Start ``python tests/multidevice.py *args`` with ``devices`` simulated CPU devices (``env``: more
+    environment variables)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           **(env or {})}
     return subprocess.Popen([sys.executable, str(Path(__file__)), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
@@ -284,7 +286,7 @@ def share_run(mesh, workdir: str | None = None, stop_after: int | None = None, w
 
 def case_share_reference(workdir: str) -> dict:
     """One process, 4 devices: the runs on meshes data=4 and data=2 (the latter checkpointing into ``workdir``
-    at steps 4 and 8), the one-device run, and the digests of every P-process share of each global batch."""
+    at steps 4 and 8), and the digests of every P-process share of each global batch."""
     import jax
 
     from moe_course import parallel
@@ -295,13 +297,13 @@ def case_share_reference(workdir: str) -> dict:
         report["digests"][p] = [batch_digests((i * 16 // p, (i + 1) * 16 // p)) for i in range(p)]
     report["data=4"] = share_run(parallel.make_mesh("data=4", devices=devices))
     report["data=2"] = share_run(parallel.make_mesh("data=2", devices=devices[:2]), workdir=workdir)
-    report["one_device"] = share_run(None)
     return report
 
 
 def case_share(coordinator: str, num_processes: int, process_id: int, workers: int, workdirs: list[str],
                stop_after: int | None, kill: bool) -> dict:
-    """One of ``num_processes`` processes with one CPU device each (gloo): the digests of its rows, the refusal
+    """One of ``num_processes`` processes with one CPU device each (gloo): the digests of its rows (built in this
+    process; ``workers`` build the training runs' batches), the refusal
     of a batch that does not split over the processes, and the run of ``share_run`` on mesh data=P once per
     workdir (resuming what is there; none: no checkpoints). ``kill``: print the report, then SIGKILL itself
     (no clean-up runs, as when a cluster kills the job)."""
@@ -318,7 +320,7 @@ def case_share(coordinator: str, num_processes: int, process_id: int, workers: i
     dataset, model, config = share_setup()
     rows = parallel.process_rows(mesh, config.batch_size)
     report = {"process": jax.process_index(), "processes": jax.process_count(), "rows": list(rows),
-              "digests": batch_digests(rows, workers)}
+              "digests": batch_digests(rows)}
     try:
         train(model, dataset, config.replace(batch_size=num_processes * 2 + 1), progress=False, mesh=mesh)
     except ValueError as err:

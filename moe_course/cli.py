@@ -146,7 +146,8 @@ def _add_scale_args(parser: argparse.ArgumentParser) -> None:
     scale = parser.add_argument_group(
         "scale-out (docs/scale-out.md): several devices, several hosts",
         "With --mesh the run is sharded over the devices JAX sees: images over every device, experts over the "
-        "expert axis. On several hosts, run the same command on each; the three process settings come from "
+        "expert axis. On several hosts, run the same command on each (each process reads only its devices' "
+        "share of every batch); the three process settings come from "
         "these flags, else from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else (with "
         "--distributed) from the cluster (SLURM, Open MPI, Cloud TPU pods).")
     scale.add_argument("--mesh", default=None, metavar="SPEC",

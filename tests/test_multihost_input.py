@@ -139,7 +139,7 @@ def test_pipeline_rows_are_that_slice_of_every_global_batch():
     share = train_pipeline(dataset, BATCH, seed=3, start_step=4, stop_step=7, rows=(4, 8))
     try:
         for full, part in zip(whole, share, strict=True):  # steps 4-6 cross the 5-step epoch
-            assert np.array_equal(full["image"][4:8], part["image"]) and np.array_equal(full["label"][4:8], part["label"])
+            assert all(np.array_equal(full[key][4:8], part[key]) for key in ("image", "label"))
         assert (whole.images, share.images) == (3 * BATCH, 3 * 4)
     finally:
         close_pipeline(whole)

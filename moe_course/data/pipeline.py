@@ -15,6 +15,10 @@ dataset builds them with randomness of their own, a function of (seed, epoch, in
 canvases, the image folders' Inception crops and flips. So batch s depends only on (seed, s), whatever the
 number of workers, and the pipeline's whole state is the next step: a checkpoint of step s resumes by starting
 the pipeline at s (``train_pipeline(start_step=s)``), which gives the batches the uninterrupted run saw.
+
+On a pod each process builds only its rows of every global batch (``rows``, from ``parallel.process_rows``): the
+same examples with the same randomness as the rows of the one-process batch, so the global batches do not
+depend on the number of processes either.
 """
 
 from __future__ import annotations

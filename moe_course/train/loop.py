@@ -61,9 +61,9 @@ class DeviceFeed:
     """The next batches already on their way to the device while the current step runs.
 
     ``next(feed)`` hands out the oldest of ``size`` batches placed by ``place`` (``jax.device_put``, or the global
-    array of ``assemble_batch`` on a mesh; both return before the copy ends) and ``fill()`` takes the next host batch from
-    ``batches`` and places it: call it after dispatching the step, so the host waits for data while the device
-    computes. Only ``keys`` of each batch travel. ``waited``: seconds spent blocked on ``batches`` so far.
+    array of ``assemble_batch`` on a mesh; both return before the copy ends) and ``fill()`` takes the next host
+    batch from ``batches`` and places it: call it after dispatching the step, so the host waits for data while
+    the device computes. Only ``keys`` of each batch travel. ``waited``: seconds spent blocked on ``batches`` so far.
     """
 
     def __init__(self, batches: Iterator[dict], place: Callable[[dict], dict], keys: tuple[str, ...], size: int = 2):
@@ -268,7 +268,10 @@ def train(
     reached by all-to-all, everything else is replicated; several processes (``jax.distributed``) work the
     same way. The losses equal the one-device run's up to float rounding. The mesh is not part of the run's
     configuration: a checkpoint written on one mesh resumes on any other (or on none). ``init_model`` is then
-    switched to the mesh in place. A batch size that does not split over the mesh raises ValueError first.
+    switched to the mesh in place. A batch size that does not split over the mesh (or over its processes)
+    raises ValueError first. Each process reads and decodes only the rows of every batch its own devices hold
+    (``parallel.process_rows``), validates the same way, and prints ``process p of P read N training images``
+    at the end (with ``progress``, and always with several processes); several processes need a mesh.
 
     Input (``data.pipeline``): Grain builds the training batches in ``data_workers`` processes (0: one background
     thread of this process; ``moe-course train`` uses every core), as uint8 where the dataset gives it, and
@@ -416,7 +419,7 @@ def train(
         print(f"{model_config.name}: steps {start_step + 1}-{last} in {seconds:.0f} s, "
               f"{(last - start_step) / seconds:.1f} steps/s (compilation and validation included)"
               + (f"; last record: {format_throughput(rate['images_per_second'], rate)}" if rate else ""))
-    if progress or jax.process_count() > 1:  # the line a cluster user compares across hosts (docs/scale-out.md)
+    if mesh is not None and (progress or jax.process_count() > 1):  # compared across hosts (docs/scale-out.md)
         print(f"process {jax.process_index()} of {jax.process_count()} read {images_read} training images", flush=True)
     return TrainResult(
         model=nnx.merge(graphdef, params, rest), history=history, resumed_from=resumed_from, seconds=seconds,

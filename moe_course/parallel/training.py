@@ -27,7 +27,8 @@ def check_mesh_fits(mesh: Mesh, model_config, train_config) -> None:
     processes = len({device.process_index for device in mesh.devices.flat})
     for name in ("batch_size", "eval_batch_size"):
         value = getattr(train_config, name)
-        check_process_split(name, value, group, processes)
+        if processes > 1:
+            check_process_split(name, value, group, processes)
         if value % unit:
             raise ValueError(f"{name}={value} does not split over mesh {format_mesh(mesh)!r}: it must be a multiple "
                              f"of group_size x devices = {unit}")

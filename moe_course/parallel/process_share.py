@@ -5,8 +5,8 @@ process p hold one contiguous block of rows of each global batch (p*B/P .. (p+1)
 ``make_mesh`` builds, whose devices come in process order). A process reads, decodes and augments only those
 rows (``data.pipeline.train_pipeline(rows=...)``) and hands them to
 ``jax.make_array_from_process_local_data``, which assembles the global ``(B, ...)`` array on the mesh without
-any process ever holding the rest -- as big_vision (``u.make_fsarray_from_local_slice``) and MaxText
-(``multihost_dataloading``) feed a pod. Batch s still lists the same examples in the same order whatever P,
+any process ever holding the rest -- as big_vision (``big_vision/utils.py``, ``make_fsarray_from_local_slice``)
+and MaxText (``src/MaxText/multihost_dataloading.py``) feed a pod. Batch s still lists the same examples in the same order whatever P,
 so the sequence of global batches is the single-process one.
 """
 

@@ -155,7 +155,8 @@ def _add_scale_args(parser: argparse.ArgumentParser) -> None:
     scale = parser.add_argument_group(
         "scale-out (docs/scale-out.md): several devices, several hosts",
         "With --mesh the run is sharded over the devices JAX sees: images over every device, experts over the "
-        "expert axis. On several hosts, run the same command on each; the three process settings come from "
+        "expert axis. On several hosts, run the same command on each (each process reads only its devices' "
+        "share of every batch); the three process settings come from "
         "these flags, else from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else (with "
         "--distributed) from the cluster (SLURM, Open MPI, Cloud TPU pods).")
     scale.add_argument("--mesh", default=None, metavar="SPEC",
@@ -255,14 +256,15 @@ def _dataset_name(args, model_config) -> str:
     return "digit-glyphs" if model_config.name.startswith("glyphs-") else "digits"
 
 
-def _test_metrics(model, dataset, split: str, batch_size: int) -> dict:
-    """The evaluation summary: accuracy and loss of a classifier; for an image-text model zero-shot accuracy
-    (prompt ensembling), retrieval recall@1/@5 both ways and, with MoE layers, per-modality success rates."""
+def _test_metrics(model, dataset, split: str, batch_size: int, mesh=None) -> dict:
+    """The evaluation summary: accuracy and loss of a classifier (on ``mesh``, each process reading its share of
+    every batch); for an image-text model zero-shot accuracy (prompt ensembling), retrieval recall@1/@5 both
+    ways and, with MoE layers, per-modality success rates."""
     from moe_course.train import evaluate
     from moe_course.train.objectives import CONTRASTIVE, objective_for
 
     if objective_for(model.config) is not CONTRASTIVE:
-        metrics = evaluate(model, dataset, split, batch_size=batch_size)
+        metrics = evaluate(model, dataset, split, batch_size=batch_size, mesh=mesh)
         return {f"{split}_accuracy": round(metrics["accuracy"], 4), f"{split}_loss": round(metrics["loss"], 4)}
     from moe_course.analysis.modality import measure_success_rates
     from moe_course.analysis.zero_shot import evaluate_contrastive
@@ -334,7 +336,8 @@ def _run_training(args, model_config, dataset, train_config, workdir, init_model
     final_split = _final_split(dataset)
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
                    init_model=init_model, mesh=mesh, data_workers=data_workers)
-    metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
+    metrics = (_test_metrics(result.model, dataset, final_split, train_config.eval_batch_size, mesh)
+               if final_split else {})
     speed = next((r for r in reversed(result.history) if "images_per_second" in r), {})
     speed = {"images_per_second": round(speed["images_per_second"], 1),
              "data_wait_fraction": round(speed["data_wait_fraction"], 4),

@@ -295,3 +295,12 @@ def test_isa_drift_trains_under_both_instruction_sets():
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["6"]]
     assert len(rows) == 1 and all(_is_number(field) for field in rows[0]), out
     assert "test metric after 6 steps: native" in out
+
+
+def test_multihost_input_benchmark():
+    out = _run("multihost_input.py", "--quick", timeout=300)
+    # P, images per process per step before and after, CPU-s per global batch before and after, their ratio
+    for p in ("1", "2"):
+        row = _row(out, "images/process/step", p)
+        assert len(row) == 6 and all(_is_number(field) for field in row), row
+        assert float(row[1]) == 8 and float(row[2]) == 8 / int(p), row  # --quick: a global batch of 8

@@ -20,6 +20,9 @@
 #               and mfu (issue 48; QUICK=1: the i1k-tiny preset, 20 steps of 32 on 60-90 px JPEGs); then
 #               input_pipeline.py table 3: the ViT-S/16 step with and without RandAugment (2, 10) on the device,
 #               batch 256 (the device's share of the i1k input)
+#   upcycle     benchmarks/upcycle.py: the training step of ViT-S/16 upcycled into vmoe-s/16-i1k-every-2-k1 and into
+#               the paper's MoE layers (32 experts every other block, Expert Choice, C = 2) against the dense step,
+#               batch 256, bfloat16, interleaved rounds (goal: step ratios <= the forward-FLOP ratios, 1.001 and 1.31)
 #
 # Each part runs under its own time limit (the LIMIT_<PART> variables, seconds) and writes <part>.log to $OUT
 # (else accelerator-results/ in the checkout); a part that fails or runs out of time is named at the end, the
@@ -34,8 +37,8 @@ parts=("${@:-main loop pipeline throughput i1k}")
 parts=(${parts[*]})
 for part in "${parts[@]}"; do
     case $part in
-        main|loop|pipeline|throughput|i1k) ;;
-        *) echo "unknown part '$part': use main, loop, pipeline, throughput or i1k" >&2; exit 2 ;;
+        main|loop|pipeline|throughput|i1k|upcycle) ;;
+        *) echo "unknown part '$part': use main, loop, pipeline, throughput, i1k or upcycle" >&2; exit 2 ;;
     esac
 done
 results=${OUT:-accelerator-results}
@@ -109,6 +112,8 @@ make_files(__import__('pathlib').Path(sys.argv[1]), types.SimpleNamespace(jpegs=
         throughput)
             run_part throughput "${LIMIT_THROUGHPUT:-540}" "$python" benchmarks/train_throughput.py \
                 --frameworks jax torch "${quick[@]}" ;;
+        upcycle)
+            run_part upcycle "${LIMIT_UPCYCLE:-300}" "$python" benchmarks/upcycle.py "${quick[@]}" ;;
     esac
 done
 [ ${#failed[@]} = 0 ] || { echo "failed: ${failed[*]}"; exit 1; }

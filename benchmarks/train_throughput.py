@@ -61,13 +61,15 @@ def _batch(config, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return images, rng.integers(0, config.num_classes, batch).astype(np.int32)
 
 
-def jax_step(config, batch: int, *, bfloat16_stream: bool = False):
+def jax_step(config, batch: int, model=None, *, bfloat16_stream: bool = False):
     """() -> runs one training step of the library's loop on a fixed device batch; () -> peak bytes or None.
-    bfloat16_stream: build the model with its residual stream in bfloat16 (module docstring)."""
+    ``model``: train this one (of ``config``) instead of a fresh ``build_model(config)``. bfloat16_stream: build
+    the fresh model with its residual stream in bfloat16 (module docstring)."""
     import moe_course.models.vit as vit
 
-    with mock.patch.object(vit, "RESIDUAL_DTYPE", jnp.bfloat16 if bfloat16_stream else vit.RESIDUAL_DTYPE):
-        model = build_model(config, rngs=nnx.Rngs(0))
+    if model is None:
+        with mock.patch.object(vit, "RESIDUAL_DTYPE", jnp.bfloat16 if bfloat16_stream else vit.RESIDUAL_DTYPE):
+            model = build_model(config, rngs=nnx.Rngs(0))
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(TrainConfig(steps=100, warmup_steps=1))
     state = {"params": params, "opt_state": tx.init(params)}

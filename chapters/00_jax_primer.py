@@ -18,7 +18,8 @@
 # 1. arrays: `jax.numpy` is NumPy, with arrays that never change in place;
 # 2. random numbers: keys instead of `torch.manual_seed`, and `nnx.Rngs` that hands keys to layers;
 # 3. modules: `nnx.Module` instead of `torch.nn.Module`, and parameters read with `param[...]`;
-# 4. `jax.jit` instead of `torch.compile`: what runs once per shape and what runs every call;
+# 4. `jax.jit` instead of `torch.compile`: what runs once per shape and what runs every call, static arguments,
+#    and `nnx.jit` for functions of modules;
 # 5. `jax.grad` and `nnx.value_and_grad` instead of `.backward()`;
 # 6. an optax step instead of `torch.optim`, and a small fit whose learning rate you move with a slider.
 #
@@ -26,7 +27,7 @@
 # the JAX side runs. Every layer of the course also exists in PyTorch, with the same names, in
 # `moe_course.torch` (see *Using the layers from PyTorch*, `docs/pytorch.md`): reading a layer in both is a good
 # way to learn the JAX one. Running this chapter takes well under a minute of CPU; reading it and doing its
-# tasks, about 45 minutes (our estimate). What you need first: Python and NumPy, and PyTorch at the level of
+# tasks, about 55 minutes (our estimate). What you need first: Python and NumPy, and PyTorch at the level of
 # writing an `nn.Module` and a training loop.
 
 # %%
@@ -96,7 +97,6 @@ key_1, key_2 = jax.random.split(key)
 c = jax.random.normal(key_1, (3,))
 d = jax.random.normal(key_2, (3,))
 print("a == b:", bool(jnp.all(a == b)), "| c == d:", bool(jnp.all(c == d)), "| a == c:", bool(jnp.all(a == c)))
-assert jnp.all(a == b) and not jnp.any(c == d) and not jnp.any(a == c)
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
@@ -109,6 +109,9 @@ assert jnp.all(a == b) and not jnp.any(c == d) and not jnp.any(a == c)
 # `SEED` through a chain of splits, so the same seed gives the same numbers.
 #
 # </details>
+
+# %%
+assert jnp.all(a == b) and not jnp.any(c == d) and not jnp.any(a == c)
 
 # %% [markdown]
 # Passing keys by hand through a model with dozens of layers would be tedious, so Flax NNX wraps them in
@@ -160,18 +163,22 @@ mlp = MLP(width=4, hidden=8, rngs=nnx.Rngs(SEED))
 print("mlp.fc1.kernel:", mlp.fc1.kernel.shape, "| mlp.fc1.bias:", mlp.fc1.bias.shape)
 inputs = jax.random.normal(jax.random.key(SEED + 1), (2, 4))  # (batch, width)
 by_hand = inputs @ mlp.fc1.kernel[...] + mlp.fc1.bias[...]
-assert mlp.fc1.kernel.shape == (4, 8) and jnp.allclose(by_hand, mlp.fc1(inputs), atol=1e-6)
+print("largest difference, inputs @ kernel + bias vs mlp.fc1(inputs):",
+      float(jnp.abs(by_hand - mlp.fc1(inputs)).max()))
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
 # The kernel is `(4, 8)`: **(in, out)**, the transpose of PyTorch's `(out, in)`. Flax computes
-# `y = x @ kernel + bias`, PyTorch `y = x @ weight.T + bias`; the cell checks the first against the layer's own
+# `y = x @ kernel + bias`, PyTorch `y = x @ weight.T + bias`; the cell compares the first with the layer's own
 # output. Same maths, stored the other way round. That is why `moe_course.torch.convert` transposes every
 # linear kernel when it copies a model between the two frameworks, and why chapter 1 reshapes the patch
 # embedding's kernel `(p, p, C, D)` (PyTorch's `Conv2d` would hold `(D, C, p, p)`).
 #
 # </details>
+
+# %%
+assert mlp.fc1.kernel.shape == (4, 8) and jnp.allclose(by_hand, mlp.fc1(inputs), atol=1e-6)
 
 # %% [markdown]
 # `mlp.fc1.kernel` is not the array itself but an `nnx.Param`, a box that marks it as a trainable parameter
@@ -225,7 +232,6 @@ def scaled_sum(v):
 fast_sum = jax.jit(scaled_sum)
 results = [fast_sum(jnp.ones(3)), fast_sum(jnp.arange(3.0)), fast_sum(jnp.ones(5))]
 print("results:", [float(r) for r in results])
-assert traced_shapes == [(3,), (5,)]
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
@@ -238,6 +244,90 @@ assert traced_shapes == [(3,), (5,)]
 # no value); the course's routing code uses `jnp.where` and sorting instead.
 #
 # </details>
+
+# %%
+assert traced_shapes == [(3,), (5,)]
+
+# %% [markdown]
+# **Static arguments.** Some arguments are not data but choices: how many experts each token picks (`k` in
+# chapter 2), which of two orders of softmax and top-k, a flag. Tracing cannot give them a placeholder:
+# `jax.lax.top_k(v, k)` returns `k` values, so the shape of its output -- which XLA must know to compile --
+# depends on `k`'s value.
+# Such an argument is marked *static*: `jax.jit(f, static_argnames="k")` (or `static_argnums=...`) hands the
+# Python body the plain value and makes it part of the key under which the compiled code is kept, so a new
+# value means a new trace and a new compilation, as a new shape does. Chapter 2 compiles a router's gradient
+# this way, with `k` and the order static. A static argument must be hashable (an int, a string, a tuple) and
+# should take few values: a learning rate made static would compile anew for every rate, which is why `fit` in
+# section 6 takes its learning rate as an ordinary, traced argument.
+#
+# **`nnx.jit`.** `jax.jit` is made for functions of arrays; a model is an object that holds arrays. `nnx.jit`
+# is `jax.jit` for functions of NNX modules: it splits each module argument into its structure (the
+# `graphdef`, static: part of the key) and its arrays (traced), runs the function on a model put back together
+# from them, and writes what the function changed in a module -- parameters, a counter, a random stream -- back
+# into the module you passed. Chapters 4-7 compile a model's forward pass this way:
+# `nnx.jit(lambda model, images: model(images))`.
+
+# %% [markdown]
+# **Predict, then run.** The function below returns, for each input, the `k` largest outputs of an MLP, and
+# prints a line each time its Python body runs. The cell compiles it with `nnx.jit`, `k` static, and calls it
+# four times: on `jit_mlp` with `k = 1`; on `jit_mlp` with `k = 1` again, after adding 1 to its output bias; on
+# `jit_mlp` with `k = 2`; on a wider `MLP(width=4, hidden=16)` with `k = 1`. Which calls print a line? And does
+# the second call use the new bias or the one it was compiled with? Write your guess down before you run the
+# next cell.
+
+# %%
+jit_mlp = MLP(width=4, hidden=8, rngs=nnx.Rngs(SEED))
+traced_calls = []  # (hidden width, k) each time the Python body runs
+
+
+def largest_outputs(model, v, k):
+    print(f"tracing largest_outputs: hidden width {model.fc1.kernel.shape[1]}, k = {k}")
+    traced_calls.append((model.fc1.kernel.shape[1], k))
+    return jax.lax.top_k(model(v), k)[0]  # (batch, k): the k largest of each input's outputs
+
+
+fast_largest = nnx.jit(largest_outputs, static_argnames="k")
+first_call = fast_largest(jit_mlp, inputs, k=1)
+jit_mlp.fc2.bias[...] = jit_mlp.fc2.bias[...] + 1.0
+after_bias = fast_largest(jit_mlp, inputs, k=1)
+two_largest = fast_largest(jit_mlp, inputs, k=2)
+wider = fast_largest(MLP(width=4, hidden=16, rngs=nnx.Rngs(SEED)), inputs, k=1)
+print("k = 1, before and after the bias change:", np.round(first_call[:, 0], 3), np.round(after_bias[:, 0], 3))
+print("output shapes:", first_call.shape, after_bias.shape, two_largest.shape, wider.shape)
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Three lines: the first, third and fourth calls trace. The second call changed only a parameter's *values* --
+# the bias is a traced array, its shape and the model's structure are the same -- so the compiled code ran
+# again, and it read the new bias: every output is exactly 1 larger. The third call changed the static `k`, part
+# of the key, so `jit` traced and compiled again (its output has a new shape, `(2, 2)`); the fourth changed the
+# model's structure and shapes (hidden width 16). So parameters and inputs are data, while `k` and the model's
+# structure are part of the program. Had `k` not been static, the first call would already fail: `top_k` would
+# get a placeholder where it needs a number.
+#
+# </details>
+
+# %%
+assert traced_calls == [(8, 1), (8, 2), (16, 1)]
+assert jnp.allclose(after_bias, first_call + 1.0, atol=1e-6) and two_largest.shape == (2, 2)
+
+# %% [markdown]
+# The write-back is what plain `jax.jit` lacks. With the Flax of this course a module is also a tree of arrays,
+# so `jax.jit` accepts it, but it hands the function a copy: a change made inside is lost, without an error.
+# `nnx.jit` carries it back out:
+
+# %%
+def add_one_to_bias(model):
+    model.fc2.bias[...] = model.fc2.bias[...] + 1.0
+
+
+probe = MLP(width=4, hidden=8, rngs=nnx.Rngs(SEED))  # a fresh MLP: its biases start at zero
+jax.jit(add_one_to_bias)(probe)
+after_jax_jit = float(probe.fc2.bias[0])
+nnx.jit(add_one_to_bias)(probe)
+print(f"fc2.bias[0] after jax.jit: {after_jax_jit}, after nnx.jit: {float(probe.fc2.bias[0])}")
+assert after_jax_jit == 0.0 and float(probe.fc2.bias[0]) == 1.0
 
 # %% [markdown]
 # ## 5. Gradients are return values: `jax.grad`, `nnx.value_and_grad`
@@ -437,7 +527,8 @@ slider.observe(lambda change: figure_handle.update(fit_figure(change["new"])), n
 # - You can write an `nnx.Module`, read and write its parameters with `param[...]` (kernels are (in, out), the
 #   transpose of PyTorch's weights) and list them with `nnx.state(model, nnx.Param)`.
 # - You can say what `jax.jit` runs once per shape (the Python body) and what it runs every call (the compiled
-#   code), and take gradients as return values with `jax.grad` and `nnx.value_and_grad`.
+#   code), mark an argument static (a new value compiles anew), compile functions of modules with `nnx.jit`, and
+#   take gradients as return values with `jax.grad` and `nnx.value_and_grad`.
 # - You can write an optax training step, both with `nnx.Optimizer` and in the split/merge form the course's
 #   training loop uses, and you have seen a learning rate too large to converge.
 

@@ -347,9 +347,9 @@ slider.observe(lambda change: figure_handle.update(dropped_figure(change["new"])
 # ## 4. Do experts specialise by class?
 #
 # For every class and expert, average the routing weight the expert receives over all tokens of all test
-# images of that class (the paper's Fig. 8). The paper finds early MoE layers barely care about the class and
-# deep ones do. We measure it with one number per layer: how far each class's expert profile is from the
-# average profile (mean absolute difference, in units of routing weight).
+# images of that class (the paper's Fig. 8). We measure how much routing depends on the class with one number
+# per layer: how far each class's expert profile is from the average profile (mean absolute difference, in units
+# of routing weight).
 
 # %%
 _, records = collect_routing(moe_model, test["image"])  # routed as trained: vanilla, C = 1.05
@@ -370,7 +370,8 @@ show_expert_class_heatmaps(tables, [f"MoE layer in block {b} (specialisation {v:
 # Early in the network a token holds little more than its own patch -- a stroke, an edge, background -- and
 # those look alike across classes, so its routing barely depends on the class. After a few blocks of
 # attention, tokens carry information about the whole digit, and the router can (and, to balance the work
-# among experts, often does) send different classes to different experts.
+# among experts, often does) send different classes to different experts. The paper's Fig. 8 finds the same on
+# its models: early MoE layers barely care about the class, deep ones do.
 #
 # </details>
 

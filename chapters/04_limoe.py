@@ -621,7 +621,6 @@ score = evaluate_contrastive(model, pairs, "test", batch_size=512)
 print(f"LIMoE trained here: zero-shot {score['zero_shot_accuracy']:.3f} (chance 0.100)  image->text R@1 "
       f"{score['i2t_recall@1']:.3f} R@5 {score['i2t_recall@5']:.3f}  text->image R@1 {score['t2i_recall@1']:.3f} "
       f"R@5 {score['t2i_recall@5']:.3f} (chance 0.001 / 0.005)")
-assert score["zero_shot_accuracy"] > 0.25 and score["t2i_recall@5"] > 0.2, score
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
@@ -633,6 +632,10 @@ assert score["zero_shot_accuracy"] > 0.25 and score["t2i_recall@5"] > 0.2, score
 #
 # </details>
 
+# %%
+# the claim: far above chance (zero-shot 0.1, text->image recall@5 0.005) after 1,200 steps
+assert score["zero_shot_accuracy"] > 0.25 and score["t2i_recall@5"] > 0.2, score
+
 # %% [markdown]
 # After 1,200 steps the model classifies roughly half the test images from prompts alone (chance is 0.1) and
 # finds an image's own caption among the top 5 of 1,050 about half the time. How much "roughly": four runs of
@@ -641,11 +644,10 @@ assert score["zero_shot_accuracy"] > 0.25 and score["t2i_recall@5"] > 0.2, score
 # one draw. It is still learning: the recipe's 3,000 steps of 128 pairs reach 0.78-0.89 (section 3's recorded
 # runs, 4x4 patches).
 #
-# Retrieval among 1,050 captions is hard for a reason beyond the model: many captions say the same thing
-# ("a large seven in the top left" fits every large seven in that corner), so the own caption competes with
-# near-copies. Below, four test captions of different classes and the four test images the model finds most
-# similar to each (green: the caption's own image), with the rank of the own image among all 1,050 and how
-# many of the four show the caption's digit.
+# Retrieval among 1,050 captions is hard for a reason beyond the model, which the figure below lets you find.
+# Below, four test captions of different classes and the four test images the model finds most similar to each
+# (green: the caption's own image), with the rank of the own image among all 1,050 and how many of the four show
+# the caption's digit.
 
 # %%
 test_all = pairs.get("test", np.arange(pairs.split_size("test")))
@@ -679,9 +681,10 @@ print(f"right digit among the top 4, over all 1,050 test captions: {precision:.1
 # <details><summary>Answer</summary>
 #
 # The caption says only the digit, its size and its place; every test image of that digit with that size in that
-# corner fits it equally well, so the model ranks them by small differences and the own image is one of many
-# near-ties. To single it out the caption would have to describe what only that canvas has -- the clutter, the
-# writer's style -- which our captions never mention.
+# corner fits it equally well ("a large seven in the top left" fits every large seven in that corner), so the model
+# ranks them by small differences and the own image is one of many near-ties. To single it out the caption would
+# have to describe what only that canvas has -- the clutter, the writer's style -- which our captions never
+# mention.
 #
 # </details>
 
@@ -777,6 +780,21 @@ for mode, accuracies in pruning.items():
 # `expert_shares(record, modality, 1)` to `expert_shares(record, modality, 0)` (modality 0 is the image tokens)
 # and run it again. Which experts does pruning now remove, and does the text tower suffer more? Put the `1` back
 # afterwards.
+#
+# <details><summary>Answer</summary>
+#
+# Pruning now removes the experts the *images* use least, and in a LIMoE those are often the ones text uses most:
+# the two modalities prefer different experts. Print `[np.argsort(-s) for s in text_shares]` after each run to
+# see the order. With seed 0 on our machine, in the second MoE layer text sent 29% of its first choices to
+# expert 7 and 2% to expert 0; the images ranked expert 0 first and expert 7 last, so keeping one expert kept
+# text's least used one. Yet zero-shot accuracy hardly moved: from 0.451 unpruned, ranking by text gave
+# 0.445-0.447 with one expert kept, ranking by images 0.446 (router_drop) and 0.450 (router_pred), and no
+# setting lost more than 1.5 points. So at this size the text tower does not suffer more: which experts the
+# prompts keep matters little, as if the residual connection carried most of what they need (a guess this
+# chapter does not test). Your seed and CPU give other experts and numbers; look at whether the last column moves
+# away from the first, and by more than in the ranking by text.
+#
+# </details>
 
 # %% [markdown]
 # Keeping all 8 experts gives the unpruned model's accuracy in both modes (the same experts, the same gates),

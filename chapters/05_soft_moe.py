@@ -128,8 +128,6 @@ X_same = np.repeat(X[:1], 4, axis=0)  # four copies of token 0
 same = soft_routing(jnp.asarray(X_same)[None], jnp.asarray(Phi), scale)
 D_same, C_same = np.asarray(same.dispatch_weights[0]), np.asarray(same.combine_weights[0])
 print("D:\n", D_same.round(3), "\nslot inputs D^T X:\n", (D_same.T @ X_same).round(3), "\nC:\n", C_same.round(3))
-assert np.allclose(D_same, 1 / 4) and np.allclose(D_same.T @ X_same, X_same[:2], atol=1e-6)
-assert np.allclose(C_same, C_same[:1])
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
@@ -138,11 +136,19 @@ assert np.allclose(C_same, C_same[:1])
 # and the average of four copies of a vector is the vector itself -- both slots hold token 0, unchanged. The four
 # rows of C are equal too (equal scores give equal rows), so every token reads back the same mix of the two
 # expert outputs: identical tokens get identical outputs. The layer routes by content only: a token's position
-# reaches D and C only through what the position embedding added to the token earlier in the model. The same thing happens, more mildly, when the tokens are merely similar to
-# each slot's `phi`: the scores are then nearly equal, every slot is a near-uniform average of the image, and
+# reaches D and C only through what the position embedding added to the token earlier in the model. The same
+# thing happens, more mildly, when the tokens are merely similar to each slot's `phi`: the scores are then
+# nearly equal, every slot is a near-uniform average of the image, and
 # the experts all see nearly the same input -- section 5 finds the trained slots in that state.
 #
 # </details>
+
+# %% [markdown]
+# **Claim: identical tokens are dispatched uniformly, fill every slot with themselves and get identical outputs.**
+
+# %%
+assert np.allclose(D_same, 1 / 4) and np.allclose(D_same.T @ X_same, X_same[:2], atol=1e-6)
+assert np.allclose(C_same, C_same[:1])
 
 # %% [markdown]
 # ## 2. Properties, measured
@@ -202,10 +208,9 @@ assert np.allclose(soft_reach, 1, atol=1e-5) and float(out.routing.dispatch_weig
 assert dropped["Tokens Choice"] > 0 and dropped["Experts Choice"] > 0
 
 # %% [markdown]
-# **An image's output does not depend on the batch.** Soft MoE routes each image on its own. Tokens Choice
-# routes groups of images together (here 8, as in chapter 3), so the tokens of one image compete for buffer
-# space with the others. For each of the 8 images of a group we keep that image in its place, replace the
-# other seven with different test images, and see whether its logits change. We use the two fresh models from
+# **Does an image's output depend on the batch?** Tokens Choice routes groups of images together (here 8, as
+# in chapter 3). For each of the 8 images of a group we keep that image in its place, replace the other seven
+# with different test images, and see whether its logits change. We use the two fresh models from
 # above and give both a random head, because the head starts at zero and all logits would be 0.
 
 # %% [markdown]
@@ -228,7 +233,6 @@ for name, model in (("Soft MoE", fresh), ("Tokens Choice", fresh_sparse["Tokens 
                     for i in range(len(batch))]  # image i in place i, the other seven replaced
     print(f"{name}: {sum(c > 1e-3 for c in change[name])} of 8 images change their logits when their seven "
           f"partners change (largest change {max(change[name]):.2e})")
-assert max(change["Soft MoE"]) < 1e-5 and max(change["Tokens Choice"]) > 1e-3
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
@@ -242,6 +246,12 @@ assert max(change["Soft MoE"]) < 1e-5 and max(change["Tokens Choice"]) > 1e-3
 # can change with the batch it is served in.
 #
 # </details>
+
+# %% [markdown]
+# **Claim: under Soft MoE an image's output does not depend on the batch; under Tokens Choice it does.**
+
+# %%
+assert max(change["Soft MoE"]) < 1e-5 and max(change["Tokens Choice"]) > 1e-3
 
 # %% [markdown]
 # ## 3. Dense, Tokens Choice, Experts Choice and Soft MoE at matched FLOPs
@@ -440,12 +450,10 @@ assert by_experts["soft"][4] < by_experts["soft"][8] < by_experts["soft"][16] < 
 # %% [markdown]
 # **Cost (Fig. 6, right).** Fix the work: 256 slots per image for Soft MoE (so p = 256 / E slots per expert), and for Tokens Choice a
 # top-1 router whose buffers hold 256 token slots per image in total (B = 256 / E). Both run exactly as many
-# expert rows, whatever E. What grows with E? For Tokens Choice, the router (a d x E matrix product per
-# token), the top-k and the buffer bookkeeping; for Soft MoE nothing but the size of the weight tensors, its
-# routing products depend on the slots only. We time one forward+backward of each layer for E = 8 ... 256,
-# the two layers of each E in turn (the machine may be shared: ratios taken in one run are what counts).
+# expert rows, whatever E. We time one forward+backward of each layer for E = 8 ... 256, the two layers of each
+# E in turn (the machine may be shared: ratios taken in one run are what counts).
 # Images of 128 tokens, width 64 and a small expert hidden size (32) make the routers' share visible at this
-# size (and make Soft MoE's fixed routing products, 6 x 128 x 64 x 256 FLOPs per image, its main cost).
+# size (and make Soft MoE's routing products, 6 x 128 x 64 x 256 FLOPs per image, its main cost).
 
 # %%
 EXPERTS = [8, 64, 256]

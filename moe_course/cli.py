@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     train.add_argument("model", choices=sorted(PRESETS), help="model family")
     train.add_argument("--preset", default=None,
-                       help="named architecture (listed below); required unless --init-checkpoint gives one")
+                       help="named architecture (listed below); required unless --init-checkpoint or --upcycle-from "
+                            "gives one")
     _add_data_args(train, DATASETS)
     train.add_argument("--workdir", default=None, help="run directory for checkpoints (default: runs/<preset>)")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's recipe)")
@@ -83,10 +84,18 @@ def _parser() -> argparse.ArgumentParser:
         "big_vision configs/transfer.py, SGD momentum 0.9, batch 512)")
     tune.add_argument("--init-checkpoint", default=None, metavar="PATH",
                       help="a vmoe checkpoint prefix (PATH.index + PATH.data-*) or a big_vision .npz")
-    tune.add_argument("--init-format", default=None, choices=REFERENCE_FORMATS, help="the checkpoint's format")
+    tune.add_argument("--init-format", default=None, choices=REFERENCE_FORMATS + ("moe-course",),
+                      help="the checkpoint's format (moe-course: a run directory, with --upcycle-from only)")
     tune.add_argument("--init-model-config", default=None, metavar="JSON",
                       help="vmoe: the experiment's config.model as JSON (routing settings)")
     tune.add_argument("--init-group-size", type=int, default=None, help="vmoe: images per routing group")
+    up = train.add_argument_group(
+        "sparse upcycling (vmoe runs; docs/scale-out.md): a dense ViT's weights become a V-MoE's, each expert a "
+        "copy of its block's MLP, a new router (Komatsuzaki et al. 2023)")
+    up.add_argument("--upcycle-from", default=None, metavar="PATH",
+                    help="a big_vision ViT .npz or a `moe-course train vit` run directory (--init-format: "
+                         "big_vision or moe-course; default from PATH). Without --preset: the checkpoint's "
+                         "backbone with the paper's MoE layers (32 experts in every other block, Expert Choice, C=2)")
     mod = train.add_argument_group("Mixture-of-Depths (mod runs)")
     mod.add_argument("--init-from", default=None, metavar="RUN_DIR",
                      help="adapt the dense ViT of this `moe-course train vit` run (A-MoD Sec. 4) instead of "
@@ -146,7 +155,8 @@ def _add_scale_args(parser: argparse.ArgumentParser) -> None:
     scale = parser.add_argument_group(
         "scale-out (docs/scale-out.md): several devices, several hosts",
         "With --mesh the run is sharded over the devices JAX sees: images over every device, experts over the "
-        "expert axis. On several hosts, run the same command on each; the three process settings come from "
+        "expert axis. On several hosts, run the same command on each (each process reads only its devices' "
+        "share of every batch); the three process settings come from "
         "these flags, else from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID, else (with "
         "--distributed) from the cluster (SLURM, Open MPI, Cloud TPU pods).")
     scale.add_argument("--mesh", default=None, metavar="SPEC",
@@ -246,14 +256,15 @@ def _dataset_name(args, model_config) -> str:
     return "digit-glyphs" if model_config.name.startswith("glyphs-") else "digits"
 
 
-def _test_metrics(model, dataset, split: str, batch_size: int) -> dict:
-    """The evaluation summary: accuracy and loss of a classifier; for an image-text model zero-shot accuracy
-    (prompt ensembling), retrieval recall@1/@5 both ways and, with MoE layers, per-modality success rates."""
+def _test_metrics(model, dataset, split: str, batch_size: int, mesh=None) -> dict:
+    """The evaluation summary: accuracy and loss of a classifier (on ``mesh``, each process reading its share of
+    every batch); for an image-text model zero-shot accuracy (prompt ensembling), retrieval recall@1/@5 both
+    ways and, with MoE layers, per-modality success rates."""
     from moe_course.train import evaluate
     from moe_course.train.objectives import CONTRASTIVE, objective_for
 
     if objective_for(model.config) is not CONTRASTIVE:
-        metrics = evaluate(model, dataset, split, batch_size=batch_size)
+        metrics = evaluate(model, dataset, split, batch_size=batch_size, mesh=mesh)
         return {f"{split}_accuracy": round(metrics["accuracy"], 4), f"{split}_loss": round(metrics["loss"], 4)}
     from moe_course.analysis.modality import measure_success_rates
     from moe_course.analysis.zero_shot import evaluate_contrastive
@@ -279,9 +290,12 @@ def _train(args) -> dict:
     randaugment = None if args.randaugment is None else check_randaugment(tuple(args.randaugment))
     if args.init_checkpoint is not None:
         return _finetune(args, data_workers, randaugment)
+    if args.upcycle_from is not None:
+        return _upcycle(args, data_workers, randaugment)
     _check_no_init_flags(args)
     if args.preset is None:
-        raise ValueError("--preset is required (or --init-checkpoint to fine-tune a released checkpoint)")
+        raise ValueError("--preset is required (or --init-checkpoint to fine-tune a released checkpoint, or "
+                         "--upcycle-from to upcycle a dense ViT)")
     model_config = get_preset(args.model, args.preset)
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
@@ -322,7 +336,8 @@ def _run_training(args, model_config, dataset, train_config, workdir, init_model
     final_split = _final_split(dataset)
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
                    init_model=init_model, mesh=mesh, data_workers=data_workers)
-    metrics = _test_metrics(result.model, dataset, final_split, train_config.eval_batch_size) if final_split else {}
+    metrics = (_test_metrics(result.model, dataset, final_split, train_config.eval_batch_size, mesh)
+               if final_split else {})
     speed = next((r for r in reversed(result.history) if "images_per_second" in r), {})
     speed = {"images_per_second": round(speed["images_per_second"], 1),
              "data_wait_fraction": round(speed["data_wait_fraction"], 4),
@@ -382,7 +397,8 @@ def _check_no_init_flags(args) -> None:
     given = [flag for flag, value in (("--init-format", args.init_format), ("--init-model-config",
              args.init_model_config), ("--init-group-size", args.init_group_size)) if value is not None]
     if given:
-        raise ValueError(f"{', '.join(given)} only apply with --init-checkpoint")
+        raise ValueError(f"{', '.join(given)} only apply with --init-checkpoint (--init-format also with "
+                         f"--upcycle-from)")
 
 
 def _finetune(args, data_workers: int, randaugment) -> dict:
@@ -397,6 +413,12 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
 
     if args.init_format is None:
         raise ValueError(f"--init-checkpoint needs --init-format ({' or '.join(REFERENCE_FORMATS)})")
+    if args.init_format not in REFERENCE_FORMATS:
+        raise ValueError(f"--init-format {args.init_format} is for --upcycle-from; --init-checkpoint reads "
+                         f"{' or '.join(REFERENCE_FORMATS)}")
+    if args.upcycle_from is not None:
+        raise ValueError("--upcycle-from and --init-checkpoint exclude each other: upcycle a dense ViT, or fine-tune "
+                         "a released checkpoint")
     family = "vit" if args.init_format == "big_vision" else "vmoe"
     if args.model != family and not (args.model == "soft-moe" and family == "vmoe"):
         raise ValueError(f"--init-format {args.init_format} holds a {family} model; run `moe-course train {family} "
@@ -430,6 +452,66 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
     if dtype != model_config.dtype:
         model = with_dtype(model, dtype)
         model_config = model.config
+    print(describe_precision(model_config, why))
+    report_devices(model_config)
+    mesh = _scale_out(args, model_config)
+    return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers)
+
+
+def _upcycle(args, data_workers: int, randaugment) -> dict:
+    """``train vmoe --upcycle-from PATH``: a dense ViT (big_vision ``.npz`` or course run) upcycled into a V-MoE
+    (``reference.upcycle.upcycle_start``), then trained: with --preset, that V-MoE and its recipe (the preset's
+    backbone must be the checkpoint's); without, the checkpoint's backbone with the paper's MoE layers
+    (``reference.upcycle.UPCYCLING_MOE``) and the TrainConfig defaults. The optimizer state starts fresh."""
+    from moe_course.configs import get_preset
+    from moe_course.models import with_dtype
+    from moe_course.recipes import data_recipe_for, recipe_for
+    from moe_course.reference.upcycle import dense_format, load_dense, upcycle_start
+    from moe_course.train import report_devices
+    from moe_course.train.checkpoint import WorkdirError
+    from moe_course.train.precision import describe_precision, resolve_dtype
+
+    if args.model != "vmoe":
+        raise ValueError(f"--upcycle-from builds a V-MoE; run `moe-course train vmoe --upcycle-from ...` (this is a "
+                         f"{args.model} run)")
+    for flag, value in (("--patch-size", args.patch_size), ("--init-from", args.init_from),
+                        ("--init-model-config", args.init_model_config), ("--init-group-size", args.init_group_size)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply with --upcycle-from")
+    fmt = dense_format(args.upcycle_from, args.init_format)
+    preset = None if args.preset is None else get_preset("vmoe", args.preset)
+    try:
+        dense = load_dense(args.upcycle_from, fmt, image_size=args.image_size or (preset and preset.image_size))
+    except (OSError, WorkdirError) as err:
+        raise ValueError(f"--upcycle-from: {_file_error(err) if isinstance(err, OSError) else err}") from err
+    data_recipe = data_recipe_for(preset or dense.config)
+    name = args.dataset or _dataset_name(args, preset or dense.config)
+    on_workers, on_device = _randaugment_placement(args, name, data_recipe, randaugment)
+    dataset = _recipe_dataset(args, name, dense.config.image_size, data_recipe, on_workers)
+    if dataset.image_shape[2] != dense.config.channels:
+        raise ValueError(f"--dataset {name} has {dataset.image_shape[2]} channel(s); the dense checkpoint takes "
+                         f"{dense.config.channels}")
+    config = None
+    if preset is not None:
+        config = preset.replace(image_size=dense.config.image_size, channels=dataset.image_shape[2],
+                                num_classes=dataset.num_classes)
+    model = upcycle_start(dense, fmt, config=config, num_classes=dataset.num_classes, seed=args.seed)
+    routing = _routing_overrides(args, "VMoE")
+    if routing:
+        from moe_course.models import with_routing
+
+        with_routing(model, **routing)
+    model_config = model.config
+    train_config = _recipe_train_config(recipe_for(model_config), {**_train_overrides(args), "randaugment": on_device},
+                                        data_recipe, dataset)
+    workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+    dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
+    if dtype != model_config.dtype:
+        model = with_dtype(model, dtype)
+        model_config = model.config
+    print(f"upcycled {args.upcycle_from} ({fmt}) into {model_config.name}: MoE in blocks "
+          f"{list(model_config.moe_blocks())}, {model_config.num_experts} experts each a copy of the block's MLP, "
+          f"{model_config.allocation} k={model_config.k} C={model_config.capacity_ratio}; fresh router and optimizer")
     print(describe_precision(model_config, why))
     report_devices(model_config)
     mesh = _scale_out(args, model_config)

@@ -30,7 +30,7 @@ def pytest_addoption(parser):
 
 SHARED_FIXTURE_FILES = ("test_course_hostile", "test_course_feedback_hostile", "test_course_grading",
                         "test_course_release", "test_site", "test_parallel", "test_selfcheck", "test_limoe",
-                        "test_limoe_eval", "test_convert_vit")
+                        "test_limoe_eval", "test_convert_vit", "test_upcycle_cli", "test_multihost_input")
 _unrun: list[str] = []  # node ids of this session's skipped and deselected tests, in the order pytest reported them
 
 

@@ -6,6 +6,14 @@ import json
 from pathlib import Path
 
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+# Answer code that makes its grading kernel drop every execute reply (ipykernel sends each through its session)
+# while it keeps answering everything else: a kernel that stops answering.
+SILENT_KERNEL = """def _silence(kernel):
+    send = kernel.session.send
+    def dropping(stream, kind, *args, **kwargs):
+        return {'content': {'status': 'ok'}} if kind == 'execute_reply' else send(stream, kind, *args, **kwargs)
+    kernel.session.send = dropping
+_silence(get_ipython().kernel)"""
 
 
 def answer_cells(source_notebook: Path) -> dict[str, str]:

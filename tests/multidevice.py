@@ -18,9 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def start_cases(devices: int, *args: str) -> subprocess.Popen:
-    """Start ``python tests/multidevice.py *args`` with ``devices`` simulated CPU devices."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+def start_cases(devices: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Start ``python tests/multidevice.py *args`` with ``devices`` simulated CPU devices (``env``: more
+    environment variables)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           **(env or {})}
     return subprocess.Popen([sys.executable, str(Path(__file__)), *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
 
@@ -235,17 +237,122 @@ def case_multihost(coordinator: str, num_processes: int, process_id: int, steps:
             "local_devices": jax.local_device_count(), "losses": losses(result.history)}
 
 
+# Process-local input (tests/test_multihost_input.py): digits-tiny's backbone at 16 px on the tiny digits, a
+# global batch of 16, evaluation batches of 64 on the 30 test images (with 4 processes: one share partly
+# padding, two all padding).
+
+
+def share_setup(**changes):
+    """(dataset, model config, train config) of the process-local input runs."""
+    from moe_course.configs import get_preset
+
+    model = get_preset("vit", "digits-tiny").replace(image_size=16, patch_size=4)
+    config = tiny_train_config(8, learning_rate=3e-3, checkpoint_every=4, keep_checkpoints=10, eval_batch_size=64,
+                               **changes)
+    return tiny_digits(), model, config
+
+
+def batch_digests(rows: tuple[int, int] | None, workers: int = 0, steps: int = 8) -> list[str]:
+    """sha256 of rows ``rows`` of global batches 0 .. steps-1, as ``train`` builds them (``train_pipeline``)."""
+    import hashlib
+
+    import numpy as np
+
+    from moe_course.data.pipeline import close_pipeline, train_pipeline
+
+    dataset, _, config = share_setup()
+    pipeline = train_pipeline(dataset, config.batch_size, seed=config.seed, stop_step=steps, workers=workers,
+                              rows=rows)
+    try:
+        return [hashlib.sha256(np.ascontiguousarray(b["image"]).tobytes() + b["label"].tobytes()).hexdigest()
+                for b in pipeline]
+    finally:
+        close_pipeline(pipeline)
+
+
+def share_run(mesh, workdir: str | None = None, stop_after: int | None = None, workers: int = 0) -> dict:
+    """Train the process-local input run on ``mesh`` (None: one device) and evaluate it on the test split."""
+    from moe_course.train import evaluate, train
+
+    dataset, model, config = share_setup()
+    result = train(model, dataset, config, progress=False, mesh=mesh, workdir=workdir, stop_after=stop_after,
+                   data_workers=workers)
+    report = {"losses": losses(result.history), "images_read": result.images_read,
+              "resumed_from": result.resumed_from}
+    if stop_after is None:
+        report["test"] = evaluate(result.model, dataset, "test", batch_size=config.eval_batch_size, mesh=mesh)
+    return report
+
+
+def case_share_reference(workdir: str) -> dict:
+    """One process, 4 devices: the runs on meshes data=4 and data=2 (the latter checkpointing into ``workdir``
+    at steps 4 and 8), and the digests of every P-process share of each global batch."""
+    import jax
+
+    from moe_course import parallel
+
+    devices = jax.devices()
+    report = {"processes": jax.process_count(), "digests": {}}
+    for p in (1, 2, 4):
+        report["digests"][p] = [batch_digests((i * 16 // p, (i + 1) * 16 // p)) for i in range(p)]
+    report["data=4"] = share_run(parallel.make_mesh("data=4", devices=devices))
+    report["data=2"] = share_run(parallel.make_mesh("data=2", devices=devices[:2]), workdir=workdir)
+    return report
+
+
+def case_share(coordinator: str, num_processes: int, process_id: int, workers: int, workdirs: list[str],
+               stop_after: int | None, kill: bool) -> dict:
+    """One of ``num_processes`` processes with one CPU device each (gloo): the digests of its rows (built in this
+    process; ``workers`` build the training runs' batches), the refusal
+    of a batch that does not split over the processes, and the run of ``share_run`` on mesh data=P once per
+    workdir (resuming what is there; none: no checkpoints). ``kill``: print the report, then SIGKILL itself
+    (no clean-up runs, as when a cluster kills the job)."""
+    import signal
+
+    from moe_course import parallel
+
+    parallel.initialize(coordinator_address=coordinator, num_processes=num_processes, process_id=process_id)
+    import jax
+
+    from moe_course.train import train
+
+    mesh = parallel.make_mesh(f"data={num_processes}")
+    dataset, model, config = share_setup()
+    rows = parallel.process_rows(mesh, config.batch_size)
+    report = {"process": jax.process_index(), "processes": jax.process_count(), "rows": list(rows),
+              "digests": batch_digests(rows)}
+    try:
+        train(model, dataset, config.replace(batch_size=num_processes * 2 + 1), progress=False, mesh=mesh)
+    except ValueError as err:
+        report["refused"] = str(err)
+    report["runs"] = [share_run(mesh, workdir or None, stop_after, workers) for workdir in workdirs or [""]]
+    if kill:
+        print(json.dumps(report), flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return report
+
+
+def case_share_one(workdir: str) -> dict:
+    """One process, one device, no mesh: resume the run in ``workdir`` (written by several processes)."""
+    return share_run(None, workdir=workdir)
+
+
 def main(argv: list[str]) -> None:
     import argparse
 
     parser = argparse.ArgumentParser()
-    parser.add_argument("cases", nargs="+", choices=["layer", "specs", "train", "resume", "multihost"])
+    parser.add_argument("cases", nargs="+", choices=["layer", "specs", "train", "resume", "multihost",
+                                                     "share_reference", "share", "share_one"])
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--mesh", default=None)
     parser.add_argument("--coordinator", default=None)
     parser.add_argument("--num-processes", type=int, default=1)
     parser.add_argument("--process-id", type=int, default=0)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument("--workdirs", nargs="*", default=[])
+    parser.add_argument("--stop-after", type=int, default=None)
+    parser.add_argument("--kill", action="store_true")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     report: dict = {}
@@ -258,6 +365,13 @@ def main(argv: list[str]) -> None:
             report.update(case_train(args.workdir))
         elif case == "resume":
             report.update(case_resume(args.workdir, args.mesh))
+        elif case == "share_reference":
+            report.update(case_share_reference(args.workdir))
+        elif case == "share":
+            report.update(case_share(args.coordinator, args.num_processes, args.process_id, args.workers,
+                                     args.workdirs, args.stop_after, args.kill))
+        elif case == "share_one":
+            report.update(case_share_one(args.workdir))
         else:
             report.update(case_multihost(args.coordinator, args.num_processes, args.process_id, args.steps))
     print(json.dumps(report))

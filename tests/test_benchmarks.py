@@ -231,6 +231,16 @@ def test_input_pipeline_benchmark():
     assert "RandAugment's cost: " in out
 
 
+@pytest.mark.slow
+def test_upcycle_benchmark():
+    """benchmarks/upcycle.py: the dense step and its two upcycled V-MoEs' in one table, ratios to the dense row."""
+    out = _run("upcycle.py", "--quick", "--rounds", "1", "--steps", "1", timeout=300)
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| digits-tiny")]
+    assert [row[0].strip() for row in rows] == ["digits-tiny", "digits-tiny-moe (upcycled)",
+                                                "digits-tiny-upcycled-paper (E=32, EC, C=2)"]
+    assert rows[0][2:4] == [" 1.00 ", " 1.000 "] and all(_is_number(field) for row in rows for field in row[1:4])
+
+
 def test_accelerator_script_runs_a_part_and_refuses_an_unknown_one(tmp_path):
     """benchmarks/accelerator.sh (the GPU measurements in one run) as a dry run on the CPU: the device facts and
     the part's log in $OUT; an unknown part is named before anything runs."""
@@ -285,3 +295,12 @@ def test_isa_drift_trains_under_both_instruction_sets():
     rows = [line.split() for line in out.splitlines() if line.split()[:1] == ["6"]]
     assert len(rows) == 1 and all(_is_number(field) for field in rows[0]), out
     assert "test metric after 6 steps: native" in out
+
+
+def test_multihost_input_benchmark():
+    out = _run("multihost_input.py", "--quick", timeout=300)
+    # P, images per process per step before and after, CPU-s per global batch before and after, their ratio
+    for p in ("1", "2"):
+        row = _row(out, "images/process/step", p)
+        assert len(row) == 6 and all(_is_number(field) for field in row), row
+        assert float(row[1]) == 8 and float(row[2]) == 8 / int(p), row  # --quick: a global batch of 8

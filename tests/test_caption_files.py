@@ -45,7 +45,8 @@ def test_tsv_layout_in_the_image_text_batch_format(tsv_root):
     assert batch["text"].shape == (2, 6) and batch["text_mask"].dtype == bool
     assert (batch["label"] == -1).all() and data.num_classes == 0
     np.testing.assert_allclose(batch["image"][1], 0.0)  # img0 is black, img2 is 80/255
-    np.testing.assert_allclose(batch["image"][0], 80 / 255, rtol=1e-6)
+    # shorter side by area, as big_vision's resize_small: a flat 80 keeps 80 or truncates to 79 (test_resize.py)
+    assert set(np.unique(np.round(batch["image"][0] * 255))) == {79, 80}
     assert data.tokenizer.decode(batch["text"][1:]) == [CAPTIONS[0]]
 
 

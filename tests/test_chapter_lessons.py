@@ -1,10 +1,14 @@
 """Every chapter is a lesson: tasks for the learner inside it, and a Summary, Exercises and References at its end.
 
 A task is a markdown cell that opens with one of the bold labels below (docs/course.md, "How a chapter asks you
-to work"). A "predict, then run" prompt stands before the code cell that settles it and
-its answer follows that cell, collapsed in a <details> block, so the learner sees the output before the answer.
+to work"). A "predict, then run" prompt stands before the code cell that settles it; that cell computes and prints
+but asserts nothing (an assertion would state the outcome before the learner has guessed), and the answer follows
+it, collapsed in a <details> block, so the learner sees the output before the answer; the chapter's assertion of
+the claim sits in a cell after the answer. Every other task carries its collapsed answer in its own cell or in the
+markdown cell right after it.
 """
 
+import ast
 import re
 from pathlib import Path
 
@@ -27,6 +31,23 @@ def _kind(cell: dict) -> str | None:
     if cell["type"] != "markdown":
         return None
     return next((kind for kind in KINDS if cell["text"].startswith(f"**{kind}**")), None)
+
+
+def _asserts(code: str) -> bool:
+    """Whether a code cell holds an ``assert`` statement anywhere (IPython magics and shell lines ignored)."""
+    python = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    return any(isinstance(node, ast.Assert) for node in ast.walk(ast.parse(python)))
+
+
+def _answer(cells: list[dict], i: int) -> str | None:
+    """The collapsed answer of the task in cell ``i``: in the task's own cell, or opening the next markdown cell."""
+    text = cells[i]["text"]
+    if "<details>" in text:
+        return text[text.index("<details>"):]
+    following = next((cell for cell in cells[i + 1:] if cell["type"] == "markdown"), None)
+    if following is not None and following["text"].startswith("<details>"):
+        return following["text"]
+    return None
 
 
 def _tasks(cells: list[dict]) -> dict[str, int]:
@@ -57,6 +78,20 @@ def test_predictions_are_settled_by_the_next_cell_and_answered_after_it(chapter)
         assert answer["type"] == "markdown" and answer["text"].startswith("<details>"), \
             f"{where}: the cell after the code must open with a collapsed <details> answer"
         assert "</details>" in answer["text"] and "<summary>" in answer["text"], f"{where}: unclosed <details>"
+        assert not _asserts(cells[i + 1]["text"]), \
+            f"{where}: the cell it asks about asserts the outcome; move the assertion into a cell after the answer"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_task_has_a_collapsed_answer(chapter):
+    cells = _cells(chapter)
+    for i, cell in enumerate(cells):
+        if _kind(cell) in (None, "Implement."):
+            continue
+        answer = _answer(cells, i)
+        where = f"{chapter.stem}, the task {cell['text'][:70]!r}"
+        assert answer is not None, f"{where}: no collapsed <details> answer in its cell or the next markdown cell"
+        assert "<summary>" in answer and "</details>" in answer, f"{where}: unclosed <details>"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
@@ -86,3 +121,20 @@ def test_the_check_counts_tasks_and_rejects_a_chapter_without_them(tmp_path):
         test_chapter_asks_the_learner_to_do_things(lesson)
     with pytest.raises(AssertionError, match="Summary"):
         test_chapter_ends_with_summary_exercises_and_references(lesson)
+    test_predictions_are_settled_by_the_next_cell_and_answered_after_it(lesson)
+    test_every_task_has_a_collapsed_answer(lesson)
+
+
+def test_the_check_rejects_a_prediction_that_asserts_and_a_task_without_answer(tmp_path):
+    answer = "# %% [markdown]\n# <details><summary>Answer</summary>\n#\n# The first.\n#\n# </details>\n\n"
+    asserting = tmp_path / "98_asserting.py"
+    asserting.write_text("# %% [markdown]\n# **Predict, then run.** Which is larger?\n\n"
+                         "# %%\nfor a in (1,):\n    assert a > 0  # the outcome, before the learner guessed\n\n"
+                         + answer)
+    with pytest.raises(AssertionError, match="asserts the outcome"):
+        test_predictions_are_settled_by_the_next_cell_and_answered_after_it(asserting)
+    unanswered = tmp_path / "97_unanswered.py"
+    unanswered.write_text("# %% [markdown]\n# **Change one thing.** Set it to 2: what changes?\n\n"
+                          "# %%\nprint(2)\n\n# %% [markdown]\n# It doubles: no answer block.\n\n" + answer)
+    with pytest.raises(AssertionError, match="no collapsed <details> answer"):
+        test_every_task_has_a_collapsed_answer(unanswered)

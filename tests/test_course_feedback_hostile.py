@@ -87,14 +87,16 @@ def course(tmp_path_factory):
     return folder
 
 
-def _graded(course: Path, student: str, extra_cells: list[dict], metadata: dict | None = None) -> None:
-    """``student``'s notebook (the released one plus ``extra_cells`` and ``metadata``) where autograde leaves a
-    graded one, with the submission in the student's gradebook copy and a "graded" record."""
+def _graded(course: Path, student: str, extra_cells: list[dict], metadata: dict | None = None,
+            first_cells: list[dict] = ()) -> None:
+    """``student``'s notebook (the released one with ``first_cells`` before and ``extra_cells`` after its cells,
+    and ``metadata``) where autograde leaves a graded one, with the submission in the student's gradebook copy
+    and a "graded" record."""
     from nbgrader.api import Gradebook
 
     paths = course_paths(course)
     notebook = json.loads((paths["release"] / NAME / f"{NAME}.ipynb").read_text())
-    notebook["cells"] += extra_cells
+    notebook["cells"] = [*first_cells, *notebook["cells"], *extra_cells]
     notebook["metadata"].update(metadata or {})
     target = paths["autograded"] / student / NAME / f"{NAME}.ipynb"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +139,13 @@ def browser(tmp_path_factory):
         yield context
 
 
+# Forged scores drawn over the real one: with allowed CSS and a negative margin (as a hostile class did), and
+# with end tags that close the template's elements and then a template (Bootstrap) class that is position: fixed
+# at the top of the window.
+FORGED = ['<div style="display:block; margin-top:-150px; background-color:white; font-size:20px; '
+          'padding:10px">(Score: 8.0 / 8.0)</div>',
+          "</div>" * 8 + '<div class="navbar-fixed-top" style="background-color:white; font-size:20px; height:80px">'
+          "(Score: 9.0 / 9.0)</div>"]
 UNCLOSED = "".join(f"<b class=c{i}>" for i in range(28_000))  # 0.4 MB of distinct unclosed tags
 LIMIT = 5  # seconds per student in this test's feedback run
 
@@ -154,8 +163,10 @@ def pages(course, beacon):
     os.mkfifo(blocked)
     _graded(course, "nested", [{"cell_type": "markdown", "id": "nested", "metadata": {}, "source": UNCLOSED}])
     _graded(course, "plain", [])
+    _graded(course, "forged", [{"cell_type": "markdown", "id": "forged-last", "metadata": {}, "source": FORGED[1]}],
+            first_cells=[{"cell_type": "markdown", "id": "forged-first", "metadata": {}, "source": FORGED[0]}])
     start, cpu = time.perf_counter(), _children_cpu()
-    pages = grade.feedback(course, NAME, ["hostile", "blocked", "nested", "plain"], seconds=LIMIT)
+    pages = grade.feedback(course, NAME, ["hostile", "blocked", "nested", "plain", "forged"], seconds=LIMIT)
     return {student: path.read_text() for student, path in pages.items()} | {
         "paths": pages, "seconds": time.perf_counter() - start, "cpu": _children_cpu() - cpu}
 
@@ -197,6 +208,35 @@ def test_hostile_feedback_runs_nothing_requests_nothing_and_shows_the_figure(pag
     assert page.evaluate("getComputedStyle(document.body).fontSize") == "14px", "nbgrader's feedback styles"
     assert page.evaluate("[...document.images].every(img => img.src === '' || img.src.startsWith('data:image/'))")
     page.close()
+
+
+def test_a_forged_score_cannot_be_drawn_over_the_real_one(pages, browser):
+    """The boxes of the forged scores do not meet the real score's, and what the browser shows at every point of
+    the real score (Chromium's hit test, which follows painting order and clipping) is the real score."""
+    assert "(Score: 0.0 / 11.0)" in pages["forged"]
+    page = browser.new_page()
+    page.set_viewport_size({"width": 1000, "height": 700})
+    page.goto(pages["paths"]["forged"].resolve().as_uri())
+    page.wait_for_load_state("load")
+    boxes = page.evaluate("""(() => {
+        const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+        const real = [...document.querySelectorAll('h4')].find(e => e.textContent.includes('(Score: 0.0 / 11.0)'));
+        const forged = [...document.querySelectorAll('body *')].filter(
+            e => !e.children.length && /Score: [89]\.0 \/ [89]\.0/.test(e.textContent));
+        const [left, top, right, bottom] = box(real);
+        let hidden = 0;
+        for (let x = left + 1; x < right; x += 20)
+            for (const y of [top + 1, (top + bottom) / 2, bottom - 1])
+                hidden += !real.contains(document.elementFromPoint(x, y));
+        return {real: box(real), forged: forged.map(box), hidden};
+    })()""")
+    page.close()
+    left, top, right, bottom = boxes["real"]
+    assert right - left > 100 and bottom - top > 10, boxes
+    assert len(boxes["forged"]) == 2, boxes
+    for forged_left, forged_top, forged_right, forged_bottom in boxes["forged"]:
+        assert forged_right <= left or forged_left >= right or forged_bottom <= top or forged_top >= bottom, boxes
+    assert boxes["hidden"] == 0, f"{boxes['hidden']} points of the real score show something else: {boxes}"
 
 
 def test_markup_is_capped_and_a_slow_page_is_skipped_alone(pages):

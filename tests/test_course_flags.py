@@ -25,7 +25,7 @@ def test_a_notebook_past_the_limits_is_not_parsed_and_says_why(tmp_path):
     big, nested, fine = tmp_path / "big.ipynb", tmp_path / "nested.ipynb", tmp_path / "fine.ipynb"
     big.write_text('{"cells": [], "metadata": {"x": "' + "x" * MAX_NOTEBOOK_BYTES + '"}}')
     assert scan_notebook(big) == [f"not scanned: big.ipynb is larger than the limit of {MAX_NOTEBOOK_BYTES} bytes "
-                                  f"({MAX_NOTEBOOK_BYTES // 2**20} MiB) for a submitted notebook"]
+                                  f"(8 MiB, --max-notebook-mb) for a submitted notebook"]
     nested.write_text('{"cells": [], "metadata": {"x": [' + "[]," * MAX_NOTEBOOK_CONTAINERS + '[]]}}')
     assert scan_notebook(nested) == [f"not scanned: nested.ipynb holds {MAX_NOTEBOOK_CONTAINERS + 5} JSON arrays and "
                                      f"objects ('[' and '{{'), more than the limit of {MAX_NOTEBOOK_CONTAINERS} "
@@ -33,6 +33,9 @@ def test_a_notebook_past_the_limits_is_not_parsed_and_says_why(tmp_path):
     fine.write_text(json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "source": "import os"}],
                                 "metadata": {}}))
     assert scan_notebook(fine) == ["imports os"]
+    assert scan_notebook(big, limit=16 * 2**20) == []  # --max-notebook-mb 16
+    assert scan_notebook(fine, limit=10) == [f"not scanned: fine.ipynb is larger than the limit of 10 bytes "
+                                             f"({10 / 2**20:g} MiB, --max-notebook-mb) for a submitted notebook"]
 
 
 def test_code_nested_past_the_parser_is_flagged_not_raised():

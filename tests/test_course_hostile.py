@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
-from course_submissions import answered, write  # noqa: E402
+from course_submissions import SILENT_KERNEL, answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
 from moe_course.course.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
 from moe_course.course.collect import MAX_ID, student_id  # noqa: E402
@@ -143,6 +143,15 @@ for _ in range(40):
     sent += 1
 time.sleep(3)
 print('STDIN', sent)"""
+# From the kernel's control thread, when grading asks it to shut down: 60 messages of 48 MiB to the socket that
+# asked (the kernel manager's, which never reads; a worker held 3.0 GiB of them).
+CONTROL_FLOOD = """k = get_ipython().kernel
+def flood(stream, ident, parent):
+    buffer = b'x' * (48 * 2**20)
+    for _ in range(60):
+        k.session.send(stream, 'debug_reply', {}, parent=parent, ident=ident, buffers=[buffer])
+k.control_handlers['shutdown_request'] = flood
+print('CONTROL armed')"""
 # A .json error record of 60 MB of empty lists (about 1.2 GB of Python objects, parsed).
 JSON_RECORD = """import os
 os.remove('/grading/answers/probs_tests.npz')
@@ -382,6 +391,9 @@ def graded(tmp_path_factory):
                            "open('/grading/answers/probs_tests.npz', 'wb').write(base64.b64decode("
                            f"{base64.b64encode(_bzip2_member_npz(32)).decode()!r}))"),
         "json_record": _with(full, double_answer=correct["double_answer"] + "\n" + JSON_RECORD),
+        "control_flood": _with(full, double_answer=correct["double_answer"] + "\n" + CONTROL_FLOOD),
+        # A kernel that stops answering is ended at its first missed reply.
+        "silent": _with(full, probs_answer=correct["probs_answer"] + "\n" + SILENT_KERNEL),
         # What the kernel writes to its own stdout, or sends as widget messages, never reaches the batch whole.
         "stdout_flood": _with(full, double_answer=correct["double_answer"] + "\nimport os, sys\nwritten = 0\n"
                               "saved = sys.stdout._original_stdstream_copy  # ipykernel's copy of the real fd 1\n"
@@ -671,6 +683,20 @@ def test_a_flood_on_the_kernels_stdin_channel_reaches_nothing(graded):
     assert "STDIN 40" in _outputs(graded, "stdin_flood", "double_answer")
 
 
+def test_a_flood_on_the_control_channel_is_not_held_by_the_worker(graded):
+    assert graded["grades"]["control_flood"]["status"] == "graded" and _score(graded, "control_flood") == 3.0
+    assert "CONTROL armed" in _outputs(graded, "control_flood", "double_answer")
+    record = json.loads((graded["course"] / "gradebooks" / NAME / "control_flood.json").read_text())
+    assert record["worker_max_rss_mib"] < 700, record
+
+
+def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(graded):
+    silent = graded["grades"]["silent"]
+    assert silent["status"] == "failed" and _score(graded, "silent") == 0.0, silent
+    assert (f"ReplyTimeoutError: the kernel sent no reply within 10 s of interrupting a cell at its {CELL_TIMEOUT} s "
+            "timeout") in silent["error"], silent
+
+
 def test_a_bzip2_member_or_a_huge_error_record_is_not_read(graded):
     assert graded["grades"]["bzip2_npz"]["status"] == "graded" and _score(graded, "bzip2_npz") == 1.0
     said = _outputs(graded, "bzip2_npz", "probs_tests")
@@ -687,7 +713,7 @@ def test_a_giant_notebook_costs_only_its_own_row(graded):
 
     giant = graded["grades"]["giant"]
     assert giant["status"] == "failed" and _score(graded, "giant") == 0.0, giant
-    assert f"larger than the limit of {MAX_NOTEBOOK_BYTES} bytes" in giant["error"], giant
+    assert f"larger than the limit of {MAX_NOTEBOOK_BYTES} bytes (8 MiB, --max-notebook-mb)" in giant["error"], giant
     assert giant["flags"].startswith("not scanned: ") and "larger than the limit" in giant["flags"], giant
     assert giant["sandbox"] == "bwrap" and giant["max_score"] == "3.0", giant
     for student, row in graded["grades"].items():  # every row whole: the batch finished with every column

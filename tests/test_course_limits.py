@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from course_submissions import SILENT_KERNEL
 from moe_course.course import build, grade, inputs
 from moe_course.course.answers import load_checks
 from moe_course.course.config import SOLUTIONS
@@ -80,6 +81,81 @@ def test_widget_messages_count_toward_the_output_cap():
         executor.process_message({"msg_type": "comm_msg", "content": {"data": {"x": "y" * 2000}}}, None, 0)
 
 
+def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_path):
+    """Six cells of a 3 s timeout: grading stops after the first (3 s + 2 s to answer), not after all six
+    (nbgrader's own executor waits 6 x 3 s)."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+    import time
+
+    import nbformat
+
+    from moe_course.course.output_cap import CappedExecute, ReplyTimeoutError
+
+    cells = [nbformat.v4.new_code_cell(SILENT_KERNEL)] + [nbformat.v4.new_code_cell("1 + 1") for _ in range(5)]
+    executor = CappedExecute(timeout=3, answer_seconds=2, kernel_name="python3")
+    start = time.perf_counter()
+    with pytest.raises(ReplyTimeoutError, match="no reply within 2 s of interrupting a cell at its 3 s timeout"):
+        executor.preprocess(nbformat.v4.new_notebook(cells=cells), {"metadata": {"path": str(tmp_path)}})
+    assert time.perf_counter() - start < 15  # kernel start-up included; all six timeouts would be 18 s
+
+
+# From the kernel's control thread, at shutdown: 20 messages of 16 MiB to the socket that asked (the kernel
+# manager's control socket, which never reads).
+CONTROL_FLOOD = """import sys
+import nbformat
+from moe_course.course.output_cap import CappedExecute
+FLOOD = '''k = get_ipython().kernel
+def flood(stream, ident, parent):
+    buffer = b"x" * (16 * 2**20)
+    for _ in range(20):
+        k.session.send(stream, "debug_reply", {}, parent=parent, ident=ident, buffers=[buffer])
+k.control_handlers["shutdown_request"] = flood'''
+def peak():
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
+before = peak()
+CappedExecute(timeout=20, kernel_name="python3").preprocess(nbformat.v4.new_notebook(cells=[
+    nbformat.v4.new_code_cell(FLOOD)]), {"metadata": {"path": sys.argv[1]}})
+print(round(peak() - before))
+"""
+
+
+def test_a_control_channel_flood_is_not_held_by_the_grading_process(tmp_path):
+    """The grading process's peak memory grows by less than 64 MiB while the kernel sends 320 MiB to its control
+    socket (it grew by 320 MiB with jupyter_client's own manager)."""
+    pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
+    done = subprocess.run([sys.executable, "-c", CONTROL_FLOOD, str(tmp_path)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(SOLUTIONS.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) < 64, done.stdout
+
+
+def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp_path):
+    from moe_course.course.bounded import read_regular
+
+    (tmp_path / "probs_tests.npz").mkdir()  # a folder named as a recorded answer
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_bytes(b"x" * 10)
+    (tmp_path / "link").symlink_to(tmp_path / "file")
+    before = len(os.listdir("/proc/self/fd"))
+    for name in ("probs_tests.npz", "fifo", "link", "missing"):
+        assert read_regular(tmp_path / name, 100) is None, name
+    assert read_regular(tmp_path / "file", 100) == b"x" * 10
+    assert read_regular(tmp_path / "file", 4) == b"x" * 5  # one byte past the limit: over it
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_the_error_column_shows_the_exceptions_message_not_its_raise_line():
+    from moe_course.course.worker import summarise_error
+
+    log = ("Traceback (most recent call last):\n"
+           '  File ".../moe_course/course/output_cap.py", line 58, in process_message\n'
+           "    raise OutputLimitError(f\"the notebook's output passed the limit of {self.output_bytes} bytes \"\n"
+           "moe_course.course.output_cap.OutputLimitError: the notebook's output passed the limit of 1048576 bytes "
+           "(--max-output-mb); grading stopped at cell 4\n")
+    assert summarise_error(log) == ("moe_course.course.output_cap.OutputLimitError: the notebook's output passed the "
+                                    "limit of 1048576 bytes (--max-output-mb); grading stopped at cell 4")
+
+
 def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path, monkeypatch):
     from moe_course.course import worker
 
@@ -88,13 +164,34 @@ def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path,
 
     monkeypatch.setattr(worker, "grade_submission", deep)
     monkeypatch.setattr(worker, "course_paths", lambda course: {"gradebooks": tmp_path})
-    assert worker.main([str(tmp_path), "01_vit", "ann", "60", str(2**30), "60", str(2**20)]) == 1
+    assert worker.main([str(tmp_path), "01_vit", "ann", "60", str(2**30), "60", str(2**20), str(2**20)]) == 1
     record = json.loads((tmp_path / "01_vit" / "ann.json").read_text())
     assert record["status"] == "failed" and record["error"].startswith("grading failed: RecursionError"), record
 
 
+def test_what_a_killed_worker_left_is_removed_and_a_running_workers_is_kept(tmp_path):
+    from moe_course.course import budget
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "moe_course.course.worker"])
+    try:
+        lost, kept = tmp_path / f"moe-grade-{ended.pid}-x1", tmp_path / f"moe-grade-{running.pid}-x2"
+        (lost / "answers").mkdir(parents=True)
+        kept.mkdir()
+        group = budget.Cgroup.create(f"moe-grade-{ended.pid}", memory_bytes=2**28, processes=8)
+        removed = budget.remove_leftovers(tmp_path)
+        assert not lost.exists() and kept.exists() and lost in removed
+        if group is not None:  # where this host lets a process create cgroups (root)
+            assert set(group.folders) <= set(removed) and not any(f.exists() for f in group.folders), removed
+        assert budget.remove_leftovers(tmp_path, pids=[running.pid]) == [kept] and not kept.exists()
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_a_tree_deeper_than_python_recurses_is_removed(tmp_path):
-    from moe_course.course.worker import remove_tree
+    from moe_course.course.budget import remove_tree
 
     deep = tmp_path / "scratch"
     subprocess.run(["mkdir", "-p", str(deep / "/".join(["d"] * 1500))], check=True)  # os.makedirs recurses
@@ -110,7 +207,7 @@ def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_p
     base = Path(tempfile.mkdtemp(prefix="moe-grade-locked-", dir="/tmp"))
     if plain:
         os.chown(base, 65534, 65534)
-    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.worker import remove_tree\n"
+    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.budget import remove_tree\n"
               "scratch = sys.argv[1] + '/scratch'\nos.makedirs(scratch + '/locked/inner')\n"
               "open(scratch + '/locked/inner/data', 'wb').write(bytes(2**20))\n"
               "os.chmod(scratch + '/locked/inner', 0)\nos.chmod(scratch + '/locked', 0)\n"
@@ -140,6 +237,33 @@ def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp
     assert main(["course", "autograde", "01_vit", "--course-dir", str(tmp_path), "--jobs", str(jobs)]) == 2
     said = capsys.readouterr().err.strip()
     assert said.startswith(f"moe-course course: error: --jobs {jobs} x (6144 MiB") and "\n" not in said, said
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_the_jobs_check_reads_the_memory_limit_of_every_ancestor_cgroup(version, tmp_path, monkeypatch):
+    """An unlimited cgroup below a parent limited to 4 GiB (a systemd slice, a container): 3 x (6144 + 1024) MiB
+    is refused, naming the parent; the machine's MemTotal and MemAvailable are bounds too."""
+    from moe_course.course import budget
+
+    mount, unlimited = tmp_path / "cgroup", "max" if version == "v2" else str(2**63 - 4096)
+    own = mount / "grading.slice" / "grader"
+    own.mkdir(parents=True)
+    name = "memory.max" if version == "v2" else "memory.limit_in_bytes"
+    (own / name).write_text(unlimited + "\n")
+    (own.parent / name).write_text(f"{4 * 2**30}\n")
+    if version == "v1":  # what the kernel reports for the ancestors a container hides from it
+        (own / "memory.stat").write_text(f"cache 0\nhierarchical_memory_limit {6 * 2**30}\n")
+    monkeypatch.setattr(budget, "_mounts", lambda: [(str(mount), "cgroup2", ["rw"]) if version == "v2"
+                                                    else (str(mount), "cgroup", ["rw", "memory"])])
+    monkeypatch.setattr(budget, "_own_paths", lambda: {"" if version == "v2" else "memory": "/grading.slice/grader"})
+    limits = budget.memory_limits()
+    assert limits[f"cgroup {own.parent}"] == 4 * 2**30 and {"MemTotal", "MemAvailable"} <= set(limits), limits
+    assert limits.get(f"cgroup {own}") == (None if version == "v2" else 6 * 2**30), limits  # v2 "max": no limit
+    assert budget.machine_memory_bytes() == 4 * 2**30
+    said = (rf"^--jobs 3 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) = 21504 MiB is more "
+            rf"than the memory limit of cgroup {own.parent}: 4096 MiB: lower --jobs to 1 or --memory-mb to 341$")
+    with pytest.raises(ValueError, match=said):
+        budget.fits(3, 6144 * 2**20)
 
 
 def test_recorded_answers_are_read_only_within_bounds(tmp_path):

@@ -78,8 +78,13 @@ def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tm
     assert len(err) == 1 and "apt-get install bubblewrap" in err[0] and "--no-sandbox" in err[0], err
     monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits, uid, tmpfs=False: {
         "student": student, "assignment": assignment, "status": "graded", "error": "", "score": 1.0, "max_score": 1.0})
-    monkeypatch.setattr(grade, "scan_notebook", lambda notebook: [])
-    assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox"]) == 0
+    monkeypatch.setattr(grade, "scan_notebook", lambda notebook, limit: [])
+    assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox", "--memory-mb",
+                 "2048"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "capped per process only" in line]
+    assert said == ["moe-course course autograde: memory is capped per process only (no cgroup per submission: grade "
+                    "as root for one): each of a submission's up to 512 processes may take 2048 MiB (--memory-mb), "
+                    "and memfd files, which count against no process, 64 MiB each with 1024 open per process"], said
     assert "moe_course.course.kernel" in (course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
     record = (course / "gradebooks" / "01_vit" / "ann.json").read_text()
     assert '"sandbox": "none (--no-sandbox)"' in record
@@ -133,3 +138,59 @@ def test_a_helper_that_answers_another_assignment_is_refused(helpers, graded, fo
         build.release(tmp_path / "course", ["02_other"], solutions_dir=solutions, exercises_dir=None)
     assert not (tmp_path / "course" / "release").exists()
     build.check_no_cross_answers(solutions, ["01_double"])  # 01's own checks file keeps no helper
+
+
+# 03's sandbox helper before it was taken out: 02's graded top_k_routing behind another signature (it takes the
+# generator, so called as an answer it passed no check; a learner wrapped it with an object whose normal() gives
+# the logits).
+OLD_ROUTING = '''def _routing(rng, shape, num_experts, decimals=None):
+    """(expert_index, gates), each ``shape`` = (groups, tokens, k), for random logits drawn here."""
+    groups, tokens, k = shape
+    logits = rng.normal(size=(groups, tokens, num_experts))
+    logits = logits if decimals is None else np.round(logits, decimals)
+    z = logits - logits.max(axis=-1, keepdims=True)
+    probs = (np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)).astype(np.float32)
+    expert_index = np.argsort(-probs, axis=-1, kind="stable")[..., :k].astype(np.int32)
+    return expert_index, np.take_along_axis(probs, expert_index, axis=-1)
+'''
+ROUTING_CHECKS = (CHECKS_HEADER + "{helper}\n\ndef _cases(rng):\n    return [{call}]\n\n\n"
+                  "CHECKS = {{'served_tests': Check(_cases, lambda i, g: int(i.sum()), scalar=True)}}\n")
+
+
+@pytest.mark.parametrize("helper, call", [
+    (OLD_ROUTING, "_routing(rng, (2, 14, 1), 5)"),
+    # renamed, its steps inlined into one statement, behind a lambda of the CHECKS line's kind
+    ("def _draw(generator, e):\n    s = generator.normal(size=(2, 3, e))\n    return np.argsort(-(np.exp(s) / "
+     "np.exp(s).sum(axis=-1, keepdims=True)), axis=-1, kind='stable')", "(_draw(rng, 4), 0)"),
+], ids=["03-routing", "renamed-and-inlined"])
+def test_a_helper_that_holds_a_solution_functions_code_is_refused_whatever_its_signature(helper, call, tmp_path):
+    import shutil
+
+    folder = tmp_path / "solutions"
+    (folder / "checks").mkdir(parents=True)
+    for name in ("02_moe_layer.py", "checks/02_moe_layer.py"):
+        shutil.copyfile(ROOT / "solutions" / name, folder / name)
+    (folder / "03_vmoe_bpr.py").write_text("_answers.record('served_tests', bpr_top1_served)\n")
+    (folder / "checks" / "03_vmoe_bpr.py").write_text(ROUTING_CHECKS.format(helper=helper, call=call))
+    with pytest.raises(build.ReleaseError) as refused:
+        build.check_no_cross_answers(folder)
+    name = helper.split("(")[0].removeprefix("def ")
+    assert f"03_vmoe_bpr.py: {name} shares code with 02_moe_layer's top_k_routing (" in str(refused.value), refused
+    (folder / "checks" / "03_vmoe_bpr.py").write_text(
+        ROUTING_CHECKS.format(helper="", call="(rng.integers(0, 5, size=(2, 14)), rng.random((2, 14)))"))
+    build.check_no_cross_answers(folder)  # inputs drawn as such share nothing
+
+
+def test_shared_code_matches_renamed_variables_not_small_idioms():
+    from moe_course.course import shared_code
+
+    answer, = shared_code.functions("def f(logits):\n    '''Doc.'''\n    z = np.exp(logits - logits.max(axis=-1))\n"
+                                    "    return z / z.sum(axis=-1, keepdims=True)\n").values()
+    same, = shared_code.functions("def g(a, b=1):\n    w = np.exp(a - a.max(axis=-1))\n"
+                                  "    return w / w.sum(axis=-1, keepdims=True)\n").values()
+    wrapped, = shared_code.functions("def h(rng):\n    y = rng.normal(size=3)\n"
+                                     "    return 2 * (y / y.sum(axis=-1, keepdims=True))\n").values()
+    small, = shared_code.functions("def k(x):\n    return x / x.sum()\n").values()
+    assert shared_code.shared(same, answer)[0] == "the whole body"
+    assert shared_code.shared(wrapped, answer) == ["y / y.sum(axis=-1, keepdims=True)"]
+    assert shared_code.shared(small, answer) == []

@@ -202,3 +202,15 @@ def test_only_sized_tmpfs_are_writable_in_the_sandbox(tmp_path, monkeypatch):
     assert [int(block) * int(count) for block, count in map(str.split, lines[6:8])] == [sandbox.TMPFS_BYTES] * 2
     assert "userns" not in lines or not sandbox._bwrap_offers("--disable-userns"), shown
     assert sandbox.WRITABLE_TMPFS_BYTES == 2 * sandbox.TMPFS_BYTES
+
+
+def test_a_notebook_past_max_notebook_mb_is_not_graded_and_the_row_names_the_option(course, monkeypatch):
+    calls = _replay(monkeypatch, [{"success": True}])
+    notebook = worker.course_paths(course)["submitted"] / "ann" / "03_vmoe_bpr" / "03_vmoe_bpr.ipynb"
+    notebook.parent.mkdir(parents=True)
+    notebook.write_text('{"cells": [], "metadata": {"x": "' + "x" * 2**20 + '"}}')
+    record = worker.grade_submission(course, "03_vmoe_bpr", "ann", Limits(notebook_bytes=2**20))
+    assert record["status"] == "failed" and not calls
+    assert record["error"] == (f"not graded: 03_vmoe_bpr.ipynb is larger than the limit of {2**20} bytes "
+                               "(1 MiB, --max-notebook-mb) for a submitted notebook")
+    assert worker.grade_submission(course, "03_vmoe_bpr", "ann", Limits(notebook_bytes=2 * 2**20))["status"] == "graded"

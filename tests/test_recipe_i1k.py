@@ -189,6 +189,7 @@ def _folder(root: Path, size: int, classes: int, per_class: int, val: int = 1) -
 
 def test_evaluation_crop_and_minival(tmp_path):
     from moe_course.data.folders import ImageFolder
+    from moe_course.data.resize import resize_area, resize_small_size
 
     root = _folder(tmp_path / "data", 40, classes=2, per_class=50)
     folder = ImageFolder(root, image_size=28, eval_crop_fraction=224 / 256, minival_fraction=0.01)
@@ -197,11 +198,10 @@ def test_evaluation_crop_and_minival(tmp_path):
     assert not set(folder.files("val")) & set(folder.files("train"))
     path = folder.files("val")[0]
     with Image.open(path) as image:  # resize_small(32) | central_crop(28) done by hand
-        w, h = image.size
-        scale = 32 / min(w, h)
-        resized = image.convert("RGB").resize((round(w * scale), round(h * scale)), Image.BILINEAR)
-        left, top = (resized.size[0] - 28) // 2, (resized.size[1] - 28) // 2
-        expected = np.asarray(resized.crop((left, top, left + 28, top + 28)))
+        pixels = np.asarray(image.convert("RGB"))
+    resized = resize_area(pixels, *resize_small_size(*pixels.shape[:2], 32))
+    top, left = (resized.shape[0] - 28) // 2, (resized.shape[1] - 28) // 2
+    expected = resized[top:top + 28, left:left + 28]
     np.testing.assert_array_equal(folder.get_uint8("val", np.array([0]))["image"][0], expected)
     with pytest.raises(ValueError, match="eval_crop_fraction=1.5"):
         ImageFolder(root, eval_crop_fraction=1.5)

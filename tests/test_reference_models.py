@@ -20,7 +20,7 @@ import pytest
 from flax import nnx
 
 from moe_course.reference import (
-    read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_config_from_checkpoint,
+    read_npz, read_vmoe_checkpoint, resize_position_embeddings, vit_from_big_vision, vmoe_config_from_checkpoint,
     vmoe_from_checkpoint,
 )
 from moe_course.models import with_dtype
@@ -83,7 +83,7 @@ def assert_vmoe_equal(model, reference: dict) -> None:
                                                 ("bv_sincos", "gap", "sincos2d")])
 def test_big_vision_vit_logits(case, pool, posemb):
     reference = outputs(case)
-    size = reference["images"].shape[1]  # a sincos2d checkpoint records none (default 224)
+    size = reference["images"].shape[1]  # a sincos2d checkpoint records none: given
     model = vit_from_big_vision(FIXTURES / f"{case}.npz", image_size=size if posemb == "sincos2d" else None)
     assert (model.config.pool, model.config.gelu, model.config.posemb, model.config.image_size) == (
         pool, "tanh", posemb, size)
@@ -100,12 +100,11 @@ def test_a_sincos2d_checkpoint_holds_every_parameter_and_nothing_else():
     """big_vision saves no table for posemb='sincos2d' (models/vit.py get_posemb recomputes it): our model's
     parameters are exactly the checkpoint's arrays, so the parameter counts agree; the fixed table is a constant."""
     from moe_course.models import vit_param_count
-    from moe_course.reference import read_npz
 
     arrays = read_npz(FIXTURES / "bv_sincos.npz")
     assert not any("pos_embedding" in name for name in arrays)
-    model = load_reference(FIXTURES / "bv_sincos.npz", "big_vision")
-    assert (model.config.posemb, model.config.image_size, model.pos_embed) == ("sincos2d", 224, None)
+    model = load_reference(FIXTURES / "bv_sincos.npz", "big_vision", image_size=16)
+    assert (model.config.posemb, model.config.image_size, model.pos_embed) == ("sincos2d", 16, None)
     params = nnx.state(model, nnx.Param)
     assert sum(a.size for a in arrays.values()) == vit_param_count(model.config) == sum(
         np.size(leaf) for leaf in jax.tree.leaves(params))
@@ -171,6 +170,22 @@ def test_position_embeddings_resize_keeps_the_class_entry():
     assert np.array_equal(grid_only[:, 0], np.zeros((1, 3))) and np.array_equal(grid_only[:, 1:], posemb[:, 1:])
     with pytest.raises(ValueError, match="neither a square grid"):
         resize_position_embeddings(posemb[:, :7], 16, class_token=True)
+
+
+def test_a_sincos2d_checkpoint_gets_our_fixed_table_at_the_given_image_size():
+    """big_vision's posemb='sincos2d' ViTs (its vit_s16_i1k checkpoints) save no position embeddings: the fixture
+    without them loads with image_size given, its table is posemb_sincos_2d's grid, and every other parameter
+    is the checkpoint's; without image_size it is refused by name."""
+    from moe_course.models.vit import fixed_position_embeddings, sincos2d_position_embeddings
+    from moe_course.reference.big_vision import unscan
+
+    arrays = {n: a for n, a in unscan(read_npz(FIXTURES / "bv_gap_scan.npz")).items() if n != "pos_embedding"}
+    with pytest.raises(ValueError, match="no position embeddings .* pass image_size"):
+        vit_from_big_vision(arrays)
+    model = vit_from_big_vision(arrays, image_size=24)
+    assert (model.config.posemb, model.config.image_size, model.pos_embed) == ("sincos2d", 24, None)
+    np.testing.assert_array_equal(fixed_position_embeddings(model.config), sincos2d_position_embeddings(6, 32))
+    np.testing.assert_array_equal(model.head.kernel[...], arrays["head/kernel"])
 
 
 def test_cli_evaluates_a_vmoe_checkpoint_on_an_image_folder(tmp_path, capsys):

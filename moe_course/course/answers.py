@@ -48,6 +48,10 @@ class Check:
     scalar: bool = False
     call: Callable | None = None
 
+    def reference_outputs(self, case: tuple) -> tuple:
+        """The reference's outputs on one case, as a tuple of arrays (outside the sandbox only)."""
+        return tuple(np.asarray(want) for want in as_outputs(self.reference(*case)))
+
     def outputs(self, function: Callable, case: tuple) -> tuple:
         """The learner's outputs on one case (arrays in the case are copied first)."""
         args = [argument.copy() if isinstance(argument, np.ndarray) else argument for argument in case]
@@ -79,15 +83,17 @@ def record(grade_id: str, function: Callable) -> None:
     """Run ``function`` (or what the check's ``call`` takes: a tuple of functions, say) on every case of
     check ``grade_id`` and write the outputs for the grader
     (``<MOE_COURSE_ANSWERS>/<grade_id>.npz``, arrays ``c<case>_<output>``, no pickles), or the exception it
-    raised (``<grade_id>.json``). Outside grading, compare right away (``verdict.judge``) instead."""
+    raised (``<grade_id>.json``). Outside grading, compare right away (``compare.judge``) instead."""
     folder = os.environ.get(ANSWERS_ENV)
     checks = load_checks(os.environ[CHECKS_ENV]) if CHECKS_ENV in os.environ else _solution_checks()
     seed = int(os.environ.get(SEED_ENV, DEFAULT_SEED))
     cases = check_cases(checks[grade_id], grade_id, seed)
     if folder is None:
-        from moe_course.course.verdict import judge
+        from moe_course.course.compare import judge
 
-        reason = judge(checks[grade_id], grade_id, cases, [checks[grade_id].outputs(function, c) for c in cases])
+        check = checks[grade_id]
+        reason = judge(check, grade_id, cases, [check.outputs(function, c) for c in cases],
+                       [check.reference_outputs(c) for c in cases])
         assert reason is None, reason
         return
     target = Path(folder)
@@ -112,9 +118,8 @@ def record(grade_id: str, function: Callable) -> None:
 def _solution_checks() -> dict[str, Check]:
     """Outside grading: the checks file of the notebook being run, found from the working directory's
     assignment name in the repository's ``solutions/checks/`` (``MOE_COURSE_CHECKS`` overrides)."""
-    from moe_course.course.config import SOLUTIONS
-
-    names = sorted((SOLUTIONS / "checks").glob(f"{Path.cwd().name}.py"))
+    solutions = Path(__file__).resolve().parents[2] / "solutions"  # config.SOLUTIONS; answers imports no grader module
+    names = sorted((solutions / "checks").glob(f"{Path.cwd().name}.py"))
     if not names:
         raise FileNotFoundError(f"no checks for {Path.cwd().name!r}: set {CHECKS_ENV} to the checks file")
     return load_checks(names[0])

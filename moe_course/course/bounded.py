@@ -13,41 +13,44 @@ import os
 import stat
 from pathlib import Path
 
-MAX_NOTEBOOK_BYTES = 8 * 2**20  # a course notebook is ~10 KB, a few MB with the learner's figures
+MAX_NOTEBOOK_BYTES = 8 * 2**20  # the default (--max-notebook-mb): a course notebook is ~10 KB, a few MB with figures
 MAX_NOTEBOOK_CONTAINERS = 100_000  # '[' and '{' bytes (JSON arrays and objects; brackets in strings count too)
 
 
 class NotebookTooLarge(ValueError):
-    """A submitted notebook over MAX_NOTEBOOK_BYTES or MAX_NOTEBOOK_CONTAINERS (the message names which, with
+    """A submitted notebook over its byte limit or MAX_NOTEBOOK_CONTAINERS (the message names which, with
     the numbers)."""
 
 
 def read_regular(path: Path, limit: int) -> bytes | None:
     """The bytes of ``path`` if it is a regular file (not a link, FIFO or device), at most ``limit`` + 1 of
-    them (more than ``limit``: the file is over it); None when it is not one or cannot be opened. Opened
-    without following links and without blocking; never read past ``limit`` + 1 bytes, whatever the file
-    grows to."""
+    them (more than ``limit``: the file is over it); None when it is not one (a folder included) or cannot be
+    opened. Opened without following links and without blocking; never read past ``limit`` + 1 bytes, whatever
+    the file grows to; the descriptor is closed on every path."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # before wrapping: a folder cannot be wrapped (IsADirectoryError)
             return None
-        return handle.read(min(info.st_size, limit) + 1)  # read(n) allocates n bytes first
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(min(info.st_size, limit) + 1)  # read(n) allocates n bytes first
+    finally:
+        os.close(fd)
 
 
-def read_notebook(path: Path) -> bytes:
+def read_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES) -> bytes:
     """The bytes of the notebook at ``path``, checked before anything parses them. Raises OSError when it is
-    not a regular file that can be read, NotebookTooLarge when it has more than MAX_NOTEBOOK_BYTES bytes or
-    more than MAX_NOTEBOOK_CONTAINERS '[' and '{'."""
-    raw = read_regular(Path(path), MAX_NOTEBOOK_BYTES)
+    not a regular file that can be read, NotebookTooLarge when it has more than ``limit`` bytes (the message
+    names the option that sets it, ``--max-notebook-mb``) or more than MAX_NOTEBOOK_CONTAINERS '[' and '{'."""
+    raw = read_regular(Path(path), limit)
     if raw is None:
         raise OSError(f"{Path(path).name} is not a regular file that can be read")
-    if len(raw) > MAX_NOTEBOOK_BYTES:
-        raise NotebookTooLarge(f"{Path(path).name} is larger than the limit of {MAX_NOTEBOOK_BYTES} bytes "
-                               f"({MAX_NOTEBOOK_BYTES // 2**20} MiB) for a submitted notebook")
+    if len(raw) > limit:
+        raise NotebookTooLarge(f"{Path(path).name} is larger than the limit of {limit} bytes "
+                               f"({limit / 2**20:g} MiB, --max-notebook-mb) for a submitted notebook")
     containers = raw.count(b"[") + raw.count(b"{")
     if containers > MAX_NOTEBOOK_CONTAINERS:
         raise NotebookTooLarge(f"{Path(path).name} holds {containers} JSON arrays and objects ('[' and '{{'), "

@@ -20,7 +20,8 @@ everything it starts are counted together:
   so no grader ever shares its TMPDIR between submissions.
 - ``fits``: the batch starts only if ``--jobs`` submissions' worst case -- the kernel's memory limit, its
   scratch and the sandbox's writable tmpfs, all of which can be held in RAM at once -- fits in this machine's
-  memory (``machine_memory_bytes``).
+  memory, its memory available now, and the memory limit of its cgroup and of every ancestor cgroup
+  (``memory_limits``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ CGROUPS_ENV = "MOE_COURSE_SANDBOX_CGROUPS"  # the cgroup folders the launcher jo
 SCRATCH_TMPFS_ENV = "MOE_COURSE_SCRATCH_TMPFS"  # set by the batch where the worker can mount its scratch tmpfs
 SCRATCH_BYTES = 512 * 2**20  # the submission's writable copy, its answers and sockets together
 SCRATCH_INODES = 20_000
+TMPFS_BYTES = 256 * 2**20  # the sandbox's /tmp and /dev/shm, each
+WRITABLE_TMPFS_BYTES = 2 * TMPFS_BYTES  # /tmp and /dev/shm; /, /dev and the hiding tmpfs are read-only
+MAX_PROCESSES = 512  # processes and threads of the kernel (XLA starts a thread pool per core)
+MAX_OPEN_FILES = 1024
 CPU_WEIGHT = 100  # cgroup v2 default; every submission gets the same (v1: cpu.shares 1024)
 _V1 = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",),
        "cpu": ("cpu.shares",)}
@@ -164,6 +169,67 @@ class Cgroup:
         return {CGROUPS_ENV: os.pathsep.join(str(f) for f in self.folders)}
 
 
+LEFTOVER_PREFIX = "moe-grade-"  # a worker's cgroup is moe-grade-<pid>, its scratch folder moe-grade-<pid>-*
+
+
+def _cgroup_parents() -> list[Path]:
+    """The folders a worker's cgroup is created in: this process's own cgroup in every hierarchy it can see."""
+    own, parents = _own_paths(), []
+    for point, kind, options in _mounts():
+        if kind == "cgroup2" and "" in own:
+            parents.append(Path(point) / own[""].lstrip("/"))
+        elif kind == "cgroup":
+            parents += [Path(point) / own[c].lstrip("/") for c in _V1 if c in options and c in own]
+    return parents
+
+
+def _worker_runs(pid: int) -> bool:
+    """Whether process ``pid`` is a running grading worker (``python -m moe_course.course.worker``)."""
+    try:
+        return b"moe_course.course.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def remove_leftovers(tmpdir: Path, pids=None) -> list[Path]:
+    """Remove what grading workers that no longer run left behind -- their cgroups (``moe-grade-<pid>`` below
+    this process's own, every process still in them killed) and scratch folders (``moe-grade-<pid>-*`` in
+    ``tmpdir``; their tmpfs went with the worker's mount namespace) -- of the workers ``pids`` (after the batch
+    killed or lost one), or of every worker that is gone (None: at the start of a batch). Returns the folders
+    removed; one that cannot be removed is left and not returned."""
+    def gone(name: str, cut) -> bool:
+        pid = name[len(LEFTOVER_PREFIX):]
+        pid = cut(pid)
+        return pid.isdigit() and (int(pid) in pids if pids is not None else not _worker_runs(int(pid)))
+
+    pids = None if pids is None else set(pids)
+    removed = []
+    for parent in _cgroup_parents():
+        for folder in parent.glob(f"{LEFTOVER_PREFIX}*"):
+            if folder.is_dir() and gone(folder.name, lambda rest: rest):
+                try:
+                    Cgroup([folder]).remove(timeout=5)
+                    removed.append(folder)
+                except OSError:
+                    pass
+    for folder in Path(tmpdir).glob(f"{LEFTOVER_PREFIX}*-*"):
+        if folder.is_dir() and not folder.is_symlink() and gone(folder.name, lambda rest: rest.split("-")[0]):
+            remove_tree(folder)
+            if not folder.exists():
+                removed.append(folder)
+    return removed
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove ``folder`` and all it holds, however deep (coreutils ``rm``: a kernel may leave a tree thousands
+    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system. Every
+    folder is first made readable, writable and searchable by its owner (coreutils ``chmod -R u+rwx``, which
+    changes a folder before it reads it and follows no link), so that a folder a submission set to mode 000 does
+    not keep its contents on the grader's disk when the grader is not root."""
+    subprocess.run(["chmod", "-R", "u+rwx", "--", str(folder)], capture_output=True)
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(folder)], capture_output=True)
+
+
 def join_from_environment() -> None:
     """In the sandbox launcher: join the cgroup the worker named in ``CGROUPS_ENV`` (nothing when unset)."""
     folders = [Path(f) for f in os.environ.get(CGROUPS_ENV, "").split(os.pathsep) if f]
@@ -226,47 +292,85 @@ def can_own_scratch() -> bool:
             return False
 
 
-def machine_memory_bytes() -> int:
-    """The memory this grader may use (bytes): the machine's (``/proc/meminfo`` MemTotal), or the memory limit of
-    the cgroup it runs in where that is lower (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``)."""
-    total = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                     if line.startswith("MemTotal:"))) * 1024
+def _number(path: Path, key: str | None = None) -> int | None:
+    """The integer in file ``path`` (or on its line ``key VALUE``); None when unreadable or not a number ("max")."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if key is not None:
+        text = next((line.split()[1] for line in text.splitlines() if line.split()[:1] == [key]), "")
+    return int(text.strip()) if text.strip().isdigit() else None
+
+
+def memory_limits() -> dict[str, int]:
+    """Every bound on the memory this grader may use, {where: bytes}: "MemTotal" and "MemAvailable" (what the
+    machine has, and what it can give now without swapping; ``/proc/meminfo``), and the memory limit of the
+    cgroup this process runs in and of every ancestor it can see -- cgroup v2 ``memory.max`` up the tree, v1
+    ``memory.limit_in_bytes`` up the tree and ``hierarchical_memory_limit`` (``memory.stat``: the lowest of its
+    ancestors', also those a container hides) -- each under "cgroup PATH". A systemd slice or a container that
+    limits a parent limits the grader as much as its own cgroup would."""
+    meminfo = Path("/proc/meminfo")
+    found = {name: value * 1024 for name in ("MemTotal", "MemAvailable")
+             if (value := _number(meminfo, f"{name}:")) is not None}
     own = _own_paths()
     for point, kind, options in _mounts():
         if kind == "cgroup2" and "" in own:
-            limit = Path(point) / own[""].lstrip("/") / "memory.max"
+            path, files = own[""], [("memory.max", None)]
         elif kind == "cgroup" and "memory" in options and "memory" in own:
-            limit = Path(point) / own["memory"].lstrip("/") / "memory.limit_in_bytes"
+            path = own["memory"]
+            files = [("memory.limit_in_bytes", None), ("memory.stat", "hierarchical_memory_limit")]
         else:
             continue
-        try:
-            value = limit.read_text().strip()
-        except OSError:
-            continue
-        if value.isdigit():
-            total = min(total, int(value))
-    return total
+        folder = Path(point) / path.lstrip("/")
+        while True:
+            for name, key in files:
+                if (value := _number(folder / name, key)) is not None:
+                    found[f"cgroup {folder}"] = min(value, found.get(f"cgroup {folder}", value))
+            if folder == Path(point) or folder == folder.parent:
+                break
+            folder = folder.parent
+    return found
+
+
+def machine_memory_bytes() -> int:
+    """The memory this grader may use (bytes): the lowest of ``memory_limits``."""
+    return min(memory_limits().values())
+
+
+def per_process_only(memory_bytes: int) -> str:
+    """The one line a batch prints where no cgroup caps a submission as a whole (a grader that is not root, or
+    a host that lets it create none): what ``memory_bytes`` per process then allows one submission to hold."""
+    from moe_course.course.guard import FILE_SIZE_BYTES
+
+    return (f"memory is capped per process only (no cgroup per submission: grade as root for one): each of a "
+            f"submission's up to {MAX_PROCESSES} processes may take {memory_bytes // 2**20} MiB (--memory-mb), and "
+            f"memfd files, which count against no process, {FILE_SIZE_BYTES // 2**20} MiB each with "
+            f"{MAX_OPEN_FILES} open per process")
 
 
 def submission_bytes(memory_bytes: int, sandbox: bool = True) -> int:
     """What one submission can hold in RAM at once (bytes): its kernel's memory limit ``memory_bytes``, its
-    scratch tmpfs (SCRATCH_BYTES) and, in the sandbox, its writable tmpfs (``sandbox.WRITABLE_TMPFS_BYTES``)."""
-    from moe_course.course.sandbox import WRITABLE_TMPFS_BYTES
-
+    scratch tmpfs (SCRATCH_BYTES) and, in the sandbox, its writable tmpfs (WRITABLE_TMPFS_BYTES)."""
     return memory_bytes + SCRATCH_BYTES + (WRITABLE_TMPFS_BYTES if sandbox else 0)
 
 
 def fits(jobs: int, memory_bytes: int, sandbox: bool = True, machine_bytes: int | None = None) -> None:
-    """Check that ``jobs`` submissions graded at once fit in ``machine_bytes`` (default
-    ``machine_memory_bytes()``): ``submission_bytes`` each. Raises ValueError with one line naming the numbers
-    (MiB) otherwise. jobs < 1 is left to ``grade.autograde`` to refuse."""
+    """Check that ``jobs`` submissions graded at once fit in ``machine_bytes`` (default: the lowest of
+    ``memory_limits``, named in the message): ``submission_bytes`` each. Raises ValueError with one line naming
+    the numbers (MiB) and the limit otherwise. jobs < 1 is left to ``grade.autograde`` to refuse."""
     if not isinstance(jobs, int) or jobs < 1:
         return
-    machine = machine_memory_bytes() if machine_bytes is None else machine_bytes
+    if machine_bytes is None:
+        where, machine = min(memory_limits().items(), key=lambda item: item[1])
+        where = {"MemTotal": "this machine's", "MemAvailable": "this machine's available (MemAvailable)"}.get(
+            where, f"the memory limit of {where}:")
+    else:
+        where, machine = "this machine's", machine_bytes
     each = submission_bytes(memory_bytes, sandbox)
     if each * jobs > machine:
         tmpfs = each - memory_bytes
         raise ValueError(f"--jobs {jobs} x ({memory_bytes // 2**20} MiB --memory-mb + {tmpfs // 2**20} MiB of "
-                         f"tmpfs per submission) = {each * jobs // 2**20} MiB is more than this machine's "
+                         f"tmpfs per submission) = {each * jobs // 2**20} MiB is more than {where} "
                          f"{machine // 2**20} MiB: lower --jobs to {max(1, machine // each)} or --memory-mb to "
                          f"{max(0, (machine // jobs - tmpfs)) // 2**20}")

@@ -142,7 +142,7 @@ def _answered_parts(helper, check, grade_id: str, cases: list, wants) -> list[in
     functions (each giving one output), the positions p whose output a tuple of n copies of ``helper``
     gets right in every case. ``wants(n)`` gives the references of the first n cases (computed only when
     needed: the first case decides whether the others are worth computing)."""
-    from moe_course.course.verdict import judge
+    from moe_course.course.compare import judge
 
     def passes(outputs, pick=None) -> bool:
         for count in (1, len(cases)):
@@ -178,11 +178,16 @@ def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: in
     paste into another assignment) is refused when its name, leading underscores dropped, is a graded
     function's name in any ``NN_slug.py`` (``graded_functions``), or when, called as the answer, it passes any
     assignment's check on the inputs of ``seed`` (or one part of a check of several functions;
-    ``_answered_parts``). Raises ReleaseError naming, for every such helper, the file and the function or
-    check it answers."""
+    ``_answered_parts``), or when it -- or a lambda of the file -- shares code with any function of any
+    ``NN_slug.py``, whatever its signature: its whole body or one expression of at least
+    ``shared_code.MIN_NODES`` nodes, equal after normalising names (``shared_code``; 03's old ``_routing(rng,
+    shape, num_experts)`` held 02's ``top_k_routing`` and passed no check, taking a generator). Raises
+    ReleaseError naming, for every such helper, the file and the function or check it answers."""
     import functools
 
+    from moe_course.course import shared_code
     from moe_course.course.answers import check_cases, load_checks
+    from moe_course.course.inputs import inputs_only
     from moe_course.course.verdict import references
 
     files = sorted(p for p in (Path(solutions_dir) / "checks").glob("[0-9][0-9]_*.py")
@@ -195,8 +200,17 @@ def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: in
     wants = {(name, grade_id): functools.cache(lambda count, check=check, given=cases[name, grade_id]:
                                                references(check, given[:count]))
              for name, grade_id, check in all_checks}
+    solution_functions = [(assignment, name, function) for assignment in assignment_names(solutions_dir)
+                          for name, function in shared_code.functions(
+                              (Path(solutions_dir) / f"{assignment}.py").read_text()).items()]
     found = []
     for checks in (p for p in files if not names or p.stem in names):
+        sandboxed = shared_code.functions(inputs_only(checks.read_text(), checks), str(checks), lambdas=True)
+        for helper_name, helper in sandboxed.items():
+            for assignment, name, function in solution_functions:
+                if pieces := shared_code.shared(helper, function):
+                    found.append(f"{checks}: {helper_name} shares code with {assignment}'s {name} "
+                                 f"({'; '.join(pieces[:2])[:200]})")
         for helper_name, helper in _sandbox_helpers(checks).items():
             if (owner := graded.get(helper_name.lstrip("_"))) is not None:
                 found.append(f"{checks}: {helper_name} is named as {owner}'s graded function")

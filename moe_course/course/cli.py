@@ -47,6 +47,8 @@ def add_parser(sub) -> None:
                            help="address-space limit of the grading kernel (MiB)")
     autograde.add_argument("--max-output-mb", type=int, default=Limits.output_bytes // 2**20,
                            help="output one notebook may print before its grading stops (MiB)")
+    autograde.add_argument("--max-notebook-mb", type=int, default=Limits.notebook_bytes // 2**20,
+                           help="size of a submitted notebook past which it is not graded (MiB)")
     autograde.add_argument("--solutions", default=str(SOLUTIONS), help="kept unreadable for submitted code")
     autograde.add_argument("--no-sandbox", action="store_true",
                            help="grade without bubblewrap (unsafe; written into grades.csv for every row)")
@@ -91,7 +93,8 @@ def run(args) -> dict:
                 **{f"skipped {name}": why for name, why in skipped.items()}}
     if command == "autograde":
         limits = Limits(cell_timeout=args.cell_timeout, submission_timeout=args.submission_timeout,
-                        memory_bytes=args.memory_mb * 2**20, output_bytes=args.max_output_mb * 2**20)
+                        memory_bytes=args.memory_mb * 2**20, output_bytes=args.max_output_mb * 2**20,
+                        notebook_bytes=args.max_notebook_mb * 2**20)
         budget.fits(args.jobs, limits.memory_bytes, sandbox=not args.no_sandbox)  # before grading anything
         start = time.perf_counter()
         records = grade.autograde(course_dir, args.assignment, jobs=args.jobs, limits=limits,

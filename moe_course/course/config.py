@@ -15,6 +15,8 @@ import dataclasses
 import os
 from pathlib import Path
 
+from moe_course.course.bounded import MAX_NOTEBOOK_BYTES
+
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
@@ -30,6 +32,7 @@ class Limits:
     memory_bytes: address-space limit of the grading kernel (bytes). cpu_seconds: its CPU-time limit (s).
     output_bytes: bytes of output (printed text, displays, errors) one notebook may send back
     (``output_cap.CappedExecute``); past it, grading of that submission stops with status "failed".
+    notebook_bytes: size of a submitted notebook past which it is not graded (``bounded.read_notebook``).
     """
 
     cell_timeout: int = 60
@@ -37,6 +40,7 @@ class Limits:
     memory_bytes: int = 6 * 2**30
     cpu_seconds: int = 600
     output_bytes: int = 16 * 2**20
+    notebook_bytes: int = MAX_NOTEBOOK_BYTES
 
     def __post_init__(self):
         for field in dataclasses.fields(self):

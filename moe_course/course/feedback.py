@@ -12,7 +12,16 @@ cleaned as a whole, where it is produced (``feedback_exporter``, so no unclean p
   ``<embed>``, ``<form>``, ``<svg>``, ``<math>``, ``<meta>``, ``<link>`` or ``<base>`` (each is dropped, its
   text kept as text); ``href`` only to an anchor of the page (``#...``); ``src`` only a ``data:`` URI of
   ``IMAGE_TYPES`` in base64; ``style`` attributes with ``STYLE_PROPERTIES`` only and none that holds ``url(``,
-  ``image-set(``, ``expression(`` or a CSS escape; ``width``/``height`` numbers only;
+  ``image-set(``, ``expression(``, a CSS escape or a negative margin (no ``position``, ``transform``,
+  ``float`` or ``z-index`` either: none is in ``STYLE_PROPERTIES``); ``width``/``height`` numbers only;
+* the grade header (the total score and the per-cell scores of its table of contents, the template's
+  ``panel-heading`` before the first ``panel-body``: nothing there comes from the student) is cleaned on its own
+  and drawn first; everything after it -- the cells, the student's markdown and outputs -- is cleaned on its own
+  (so no end tag of the student's closes the header's elements) and put into a region (``STUDENT_REGION``)
+  that cannot paint outside itself: ``overflow: hidden`` and ``contain: paint`` (which also makes it the
+  containing block of anything fixed or absolutely positioned inside, such as a template class a student
+  reuses), and so does each markdown cell and output within it. A forged "(Score: 8.0 / 8.0)" stays in its own
+  cell's box, below the real score;
 * the head is rebuilt: a Content-Security-Policy ``<meta>`` first (``CSP``: no script, no request of any kind,
   images only from ``data:``, inline styles), the charset, the title as text, and the template's own
   stylesheets (the course's styling) with every ``url(...)`` replaced by ``none`` and ``@import`` removed.
@@ -65,6 +74,12 @@ STYLE_PROPERTIES = {
     "text-decoration", "vertical-align", "white-space", "width", "height", "max-width", "max-height", "margin",
     "margin-left", "margin-right", "margin-top", "margin-bottom", "padding", "padding-left", "padding-right",
     "padding-top", "padding-bottom", "border", "border-collapse", "display"}
+STUDENT_REGION = "moe-course-student-work"  # class of the region the cells are drawn in
+# Nothing in the region, nor any markdown cell or output, paints outside its own box (see the module docstring).
+REGION_CSS = (f".{STUDENT_REGION}, .text_cell_render, .output_subarea {{ overflow: hidden; contain: paint; "
+              "isolation: isolate; }")
+_NEGATIVE_MARGIN = re.compile(r"margin[\w-]*\s*:[^;]*-\s*[\d.]", re.I)
+_HEADER_END = '<div class="panel-body">'  # where nbgrader's feedback template starts the notebook's cells
 _DATA_IMAGE = re.compile(r"data:(image/(?:png|jpeg|gif|webp));base64,[A-Za-z0-9+/=\s]*", re.I)
 _NUMBER = re.compile(r"\d{1,5}(\.\d{1,3})?(px|%)?")
 _CSS_FETCH = re.compile(r"url\s*\(|image-set\s*\(|expression\s*\(|@import|\\", re.I)
@@ -80,7 +95,7 @@ def _keep_attribute(element: str, attribute: str, value: str) -> str | None:
     if attribute == "src":
         return value if element == "img" and _DATA_IMAGE.fullmatch(value.strip()) else None
     if attribute == "style":
-        return None if _CSS_FETCH.search(value) else value
+        return None if _CSS_FETCH.search(value) or _NEGATIVE_MARGIN.search(value) else value
     if attribute in ("width", "height"):
         return value if _NUMBER.fullmatch(value.strip()) else None
     return value
@@ -93,26 +108,31 @@ def _inert_css(css: str) -> str:
 
 
 def page_head(title: str, css=()) -> str:
-    """A page's ``<head>``: the CSP ``<meta>`` first, the charset, ``title`` (escaped) and the stylesheets ``css``."""
-    styles = "".join(f"<style>\n{_inert_css(sheet)}\n</style>\n" for sheet in css)
+    """A page's ``<head>``: the CSP ``<meta>`` first, the charset, ``title`` (escaped), the stylesheets ``css``
+    and, last, ``REGION_CSS``."""
+    styles = "".join(f"<style>\n{_inert_css(sheet)}\n</style>\n" for sheet in [*css, REGION_CSS])
     return (f'<head>\n<meta http-equiv="Content-Security-Policy" content="{CSP}">\n<meta charset="utf-8">\n'
             f"<title>{html.escape(title)}</title>\n{styles}</head>\n")
 
 
 def sanitize_page(page: str) -> str:
     """A whole feedback page made inert (see the module docstring): the head rebuilt from the template's
-    title and stylesheets, the body cleaned by nh3. ``page`` is the template's output (str); returns the
-    page as str, starting with ``<!DOCTYPE html>``."""
+    title and stylesheets, the grade header and the cells each cleaned by nh3, the cells in ``STUDENT_REGION``.
+    ``page`` is the template's output (str); returns the page as str, starting with ``<!DOCTYPE html>``."""
     import nh3
+
+    def clean(markup: str) -> str:
+        return nh3.clean(markup, tags=TAGS, clean_content_tags=set(), attributes=ATTRIBUTES,
+                         attribute_filter=_keep_attribute, url_schemes={"data"}, link_rel=None,
+                         filter_style_properties=STYLE_PROPERTIES, strip_comments=True)
 
     start = re.search(r"<body[\s>]", page, re.I)
     head, body = (page[:start.start()], page[start.start():]) if start else ("", page)
     title = _TITLE.search(head)
     title = html.unescape(re.sub(r"<[^>]*>", "", title.group(1))).strip() if title else "feedback"
-    clean = nh3.clean(body, tags=TAGS, clean_content_tags=set(), attributes=ATTRIBUTES,
-                      attribute_filter=_keep_attribute, url_schemes={"data"}, link_rel=None,
-                      filter_style_properties=STYLE_PROPERTIES, strip_comments=True)
-    return f"<!DOCTYPE html>\n<html>\n{page_head(title, _STYLE.findall(head))}<body>\n{clean}\n</body>\n</html>\n"
+    split = max(body.find(_HEADER_END), 0)
+    return (f"<!DOCTYPE html>\n<html>\n{page_head(title, _STYLE.findall(head))}<body>\n{clean(body[:split])}\n"
+            f'<div class="container {STUDENT_REGION}">\n{clean(body[split:])}\n</div>\n</body>\n</html>\n')
 
 
 def skipped_page(reason: str) -> str:
@@ -181,6 +201,17 @@ def cap_markup(notebook, resources):
     return notebook, resources
 
 
+def hide_hidden_tracebacks(notebook, resources):
+    """nbgrader preprocessor for feedback: in every cell that holds hidden tests, replace each error's
+    traceback (which quotes the failing source line) by its one-line ``ename: evalue``."""
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
+            for output in cell.get("outputs", []):
+                if output.get("output_type") == "error":
+                    output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
+    return notebook, resources
+
+
 def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
     """Write one student's page with nbgrader's API (in this process); returns "" or why it failed."""
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -188,7 +219,6 @@ def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
     from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
     from moe_course.course.config import nbgrader_config
-    from moe_course.course.grade import hide_hidden_tracebacks
     from moe_course.course.worker import record_paths
 
     db, _ = record_paths(course_dir, assignment, student)

@@ -10,7 +10,7 @@ import ast
 import json
 from pathlib import Path
 
-from moe_course.course.bounded import NotebookTooLarge, read_notebook
+from moe_course.course.bounded import MAX_NOTEBOOK_BYTES, NotebookTooLarge, read_notebook
 
 SUSPICIOUS_MODULES = {"ctypes", "gc", "builtins", "importlib", "inspect", "subprocess", "signal", "faulthandler",
                       "resource", "shutil", "socket", "sys", "os", "pathlib", "IPython", "unittest",
@@ -57,14 +57,14 @@ def _students_code(cell: dict) -> bool:
     return cell.get("cell_type") == "code" and (nbgrader.get("solution") or not nbgrader.get("locked"))
 
 
-def scan_notebook(path: Path) -> list[str]:
+def scan_notebook(path: Path, limit: int = MAX_NOTEBOOK_BYTES) -> list[str]:
     """Flags for the code a student wrote in a submitted notebook (answer cells and added cells), within
-    bounds: the file is refused before parsing past ``bounded.MAX_NOTEBOOK_BYTES`` or
+    bounds: the file is refused before parsing past ``limit`` bytes (``--max-notebook-mb``) or
     ``MAX_NOTEBOOK_CONTAINERS`` (["not scanned: <why, with the numbers>"]), and only the first
     MAX_SCANNED_CHARS characters of its code are scanned (then "code past N characters not scanned" is added).
     ["unreadable notebook"] if it is not a notebook (JSON nested too deep for the parser included)."""
     try:
-        raw = read_notebook(Path(path))
+        raw = read_notebook(Path(path), limit)
     except NotebookTooLarge as why:
         return [f"not scanned: {why}"]
     except OSError:

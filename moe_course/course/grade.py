@@ -60,7 +60,7 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
         result.unlink(missing_ok=True)
         command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment,
                    student, str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds),
-                   str(limits.output_bytes)]
+                   str(limits.output_bytes), str(limits.notebook_bytes)]
         env = grading_env(course_dir)
         if uid is not None:
             env[bubblewrap.SANDBOX_UID_ENV] = str(uid)
@@ -78,6 +78,8 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
                 os.killpg(process.pid, signal.SIGKILL)  # the worker, its kernel and anything they started
                 process.wait()
                 error = f"timed out after {limits.submission_timeout} s (whole submission)"
+            finally:  # a worker killed from outside cleans nothing up itself
+                budget.remove_leftovers(Path(tempfile.gettempdir()), pids=[process.pid])
         if error:
             result.write_text(json.dumps({**failed, "error": error}))
         return json.loads(result.read_text())
@@ -133,6 +135,8 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     bubblewrap (``moe_course.course.sandbox``) unless ``sandbox`` is False, which each record then says in
     its ``sandbox`` field. Run as root, the grader runs each kernel as an unprivileged host uid, one of
     ``jobs`` from ``sandbox_uid`` on (``sandbox_uids``), in a cgroup and on a tmpfs of its own (``budget``).
+    Where no cgroup holds (not root, or a host that gives none), one line on stderr says so before grading
+    (``budget.per_process_only``).
     Returns one record per student (see ``worker``), with ``flags`` from ``flags.scan_notebook`` added; any
     error while grading or flagging one submission stays in that student's record. Raises ValueError for
     jobs < 1, an assignment that is not in the course, or (with ``sandbox``) a host where bubblewrap is
@@ -150,7 +154,11 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     write_kernelspec(paths["jupyter"], protect=[paths["root"], Path(solutions_dir)],
                      memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
+    budget.remove_leftovers(Path(tempfile.gettempdir()))  # of workers an earlier batch lost (killed with it)
     limits_held = sandbox_limits(uids[0]) if sandbox else {}
+    if "cgroup" not in limits_held:  # said at the start of every batch: the instructor decides on it
+        print(f"moe-course course autograde: {budget.per_process_only(limits.memory_bytes)}", file=sys.stderr,
+              flush=True)
     free = queue.SimpleQueue()
     for uid in uids:
         free.put(uid)
@@ -170,7 +178,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     for record in records:
         notebook = paths["submitted"] / record["student"] / assignment / f"{assignment}.ipynb"
         try:
-            record["flags"] = scan_notebook(notebook)
+            record["flags"] = scan_notebook(notebook, limits.notebook_bytes)
         except Exception as error:  # RecursionError from a deeply nested notebook, say: this row only
             record["flags"] = [f"not scanned: {type(error).__name__}"]
         record["sandbox"] = "bwrap" if sandbox else NO_SANDBOX
@@ -178,17 +186,6 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
         _, result = record_paths(course_dir, assignment, record["student"])
         result.write_text(json.dumps(record, indent=1))
     return records
-
-
-def hide_hidden_tracebacks(notebook, resources):
-    """nbgrader preprocessor for feedback: in every cell that holds hidden tests, replace each error's
-    traceback (which quotes the failing source line) by its one-line ``ename: evalue``."""
-    for cell in notebook.cells:
-        if cell.cell_type == "code" and "BEGIN HIDDEN TESTS" in cell.source:
-            for output in cell.get("outputs", []):
-                if output.get("output_type") == "error":
-                    output["traceback"] = [f"{output['ename']}: {output['evalue']}"]
-    return notebook, resources
 
 
 def feedback(course_dir: Path, assignment: str, students=None, *,

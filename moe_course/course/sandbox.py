@@ -47,18 +47,15 @@ import sys
 from pathlib import Path
 
 from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
+from moe_course.course.budget import MAX_OPEN_FILES, MAX_PROCESSES, TMPFS_BYTES, WRITABLE_TMPFS_BYTES
 
 SCRATCH_ENV = "MOE_COURSE_SANDBOX_SCRATCH"  # set by the worker: its private folder for this submission
 SANDBOX_CHECKS_ENV = "MOE_COURSE_SANDBOX_CHECKS"  # set by the worker: the checks without references (inputs.py)
 SANDBOX_UID_ENV = "MOE_COURSE_SANDBOX_UID"  # set by a root grader: the host uid the kernel runs as
 SANDBOX_UID = 65534  # "nobody" inside the sandbox's user namespace
-TMPFS_BYTES = 256 * 2**20  # the sandbox's /tmp and /dev/shm, each
 HIDDEN_TMPFS_BYTES = 2**16  # a tmpfs that hides a package: one empty __init__.py bound on it, then read-only
-WRITABLE_TMPFS_BYTES = 2 * TMPFS_BYTES  # /tmp and /dev/shm; /, /dev and the hiding tmpfs are read-only
 MAX_COPY_DEPTH, MAX_COPY_ENTRIES = 32, 10_000  # of the submission's folder, copied into the sandbox
 KERNEL_OUTPUT = "kernel-output.log"  # in the scratch folder: the kernel's stdout and stderr
-MAX_PROCESSES = 512  # processes and threads of the kernel (XLA starts a thread pool per core)
-MAX_OPEN_FILES = 1024
 INSTALL_HINT = ("bubblewrap (bwrap) is needed to grade submissions in a sandbox: install it with "
                 "`apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap` (Fedora), or grade in "
                 "the container of docs/Containerfile; `--no-sandbox` grades without it (recorded in "

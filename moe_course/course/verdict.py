@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, as_outputs, check_cases, load_checks
+from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, check_cases, load_checks
 from moe_course.course.bounded import read_regular
+from moe_course.course.compare import judge
 
 MAX_ANSWER_BYTES = 64 * 2**20  # as the sandbox's file-size limit
-NUMBER_KINDS = "biuf"  # bool, int, unsigned, float: what an answer may hold
 MAX_ITEM_BYTES = 16  # the widest number an output may be stored as (complex128 is refused later; float128 fits)
 MAX_OUTPUTS = 64  # outputs per case an answer may record (more than any check has)
 SLACK_BYTES = 2**16  # per output, past its reference's size: a header, and a small wrong shape gets its message
@@ -33,44 +33,9 @@ FAILED = "CheckFailed"  # the ename of the error a failed check adds to its cell
 VERDICTS_ENV = "MOE_COURSE_VERDICTS"  # where score_outside writes {grade_id: reason or null} for the worker
 
 
-def _compare(got, want, check: Check) -> str | None:
-    """Why output ``got`` does not match the reference ``want`` (None when it does)."""
-    want = np.asarray(want)
-    if got.dtype.kind not in NUMBER_KINDS:
-        return f"is not numbers (dtype {got.dtype})"
-    if check.scalar and got.shape != ():
-        return f"is not one number (shape {got.shape})"
-    if got.shape != want.shape:
-        return f"has shape {got.shape}, expected {want.shape}"
-    got, want = got.astype(np.float64), want.astype(np.float64)
-    bad = np.isfinite(want) & ~np.isfinite(got)
-    if bad.any():
-        return f"has {int(bad.sum())} non-finite value(s) (nan or inf) where the reference is finite"
-    close = got == want if check.exact else np.isclose(got, want, rtol=check.rtol, atol=check.atol, equal_nan=True)
-    if not close.all():  # how far off is not said: with one's own output it would give the expected value
-        return f"differs from the reference in {int((~close).sum())} of {close.size} value(s)"
-    return None
-
-
 def references(check: Check, cases: list[tuple]) -> list[tuple]:
     """The reference outputs of ``check`` on ``cases`` (one tuple of arrays per case), from the course library."""
-    return [tuple(np.asarray(w) for w in as_outputs(check.reference(*case))) for case in cases]
-
-
-def judge(check: Check, grade_id: str, cases: list[tuple], outputs: list[tuple],
-          wants: list[tuple] | None = None) -> str | None:
-    """Compare the learner's ``outputs`` (one tuple of arrays per case) with the references of ``check`` on
-    ``cases`` (``wants``, computed here when not given); returns the first failure as one line, or None when
-    every case matches."""
-    wants = references(check, cases) if wants is None else wants
-    for index, (got, want) in enumerate(zip(outputs, wants)):
-        where = f"{grade_id}, case {index + 1} of {len(cases)}"
-        if len(got) != len(want):
-            return f"{where}: returned {len(got)} output(s), expected {len(want)}"
-        for position, (g, w) in enumerate(zip(got, want)):
-            if (why := _compare(np.asarray(g), w, check)) is not None:
-                return f"{where}: output {position + 1} {why}"
-    return None
+    return [check.reference_outputs(case) for case in cases]
 
 
 _HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}

@@ -10,7 +10,7 @@ never write the same database. It writes ``gradebooks/<assignment>/<student>.jso
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
 Command line: ``python -m moe_course.course.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
-STUDENT, CELL_TIMEOUT, MEMORY_BYTES, CPU_SECONDS and OUTPUT_BYTES.
+STUDENT, CELL_TIMEOUT, MEMORY_BYTES, CPU_SECONDS, OUTPUT_BYTES and NOTEBOOK_BYTES.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ NO_OWN_SCRATCH = ("this grader is not root and cannot create a user namespace, i
 KERNEL_STARTS = 2  # a grading kernel that does not come up is started at most this many times
 # What nbclient/jupyter_client raise when a kernel never answered kernel_info (so ran no submitted code).
 KERNEL_START_FAILURES = ("Kernel didn't respond", "Kernel died before replying to kernel_info")
+KNOWN_CAUSES = ("OutputLimitError", "ReplyTimeoutError", "DeadKernelError", "Kernel died",
+                "Kernel didn't respond", "NotJSONError", "Unreadable", "JSONDecodeError", "ValidationError",
+                "UnresponsiveKernelError", "Timeout")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:|$)")
 
 
@@ -69,7 +72,7 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     result_path.with_suffix(".log").unlink(missing_ok=True)  # an earlier grading's failure
     start, seed = time.perf_counter(), secrets.randbits(31)
     record = {"student": student, "assignment": assignment, "seed": seed}
-    if (too_large := oversized_notebook(course_dir, assignment, student)) is not None:
+    if (too_large := oversized_notebook(course_dir, assignment, student, limits.notebook_bytes)) is not None:
         record.update(status="failed", error=f"not graded: {too_large}", score=0.0, max_score=None, cells={},
                       seconds=round(time.perf_counter() - start, 2), worker_max_rss_mib=max_rss_mib())
         result_path.write_text(json.dumps(record, indent=1))
@@ -92,15 +95,15 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
     return record
 
 
-def oversized_notebook(course_dir: Path, assignment: str, student: str) -> str | None:
+def oversized_notebook(course_dir: Path, assignment: str, student: str, limit: int) -> str | None:
     """Why a notebook of the submission is too large to be parsed in this process (``bounded.read_notebook``:
-    bytes or JSON arrays and objects past the limits, with the numbers), or None. Checked before nbgrader reads
-    it: this process is outside the submission's cgroup."""
+    more than ``limit`` bytes, or JSON arrays and objects past the limit, with the numbers), or None. Checked
+    before nbgrader reads it: this process is outside the submission's cgroup."""
     from moe_course.course.bounded import NotebookTooLarge, read_notebook
 
     for notebook in sorted((course_paths(course_dir)["submitted"] / student / assignment).glob("*.ipynb")):
         try:
-            read_notebook(notebook)
+            read_notebook(notebook, limit)
         except NotebookTooLarge as why:
             return str(why)
         except OSError:
@@ -135,12 +138,13 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     """
     from nbgrader.apps import NbGraderAPI
 
+    from moe_course.course import budget
     from moe_course.course.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
     from moe_course.course.inputs import inputs_only
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
-    scratch = Path(tempfile.mkdtemp(prefix="moe-grade-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"moe-grade-{os.getpid()}-"))  # budget.remove_leftovers finds it
     cgroup, mounted = None, False
     try:
         if os.environ.get(SCRATCH_TMPFS_ENV):
@@ -168,36 +172,28 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
             cgroup.remove()
         if mounted:
             subprocess.run(["umount", "--lazy", str(scratch)], capture_output=True)
-        remove_tree(scratch)
-
-
-def remove_tree(folder: Path) -> None:
-    """Remove ``folder`` and all it holds, however deep (coreutils ``rm``: a kernel may leave a tree thousands
-    of folders deep, which ``shutil.rmtree`` cannot descend), without crossing into another file system. Every
-    folder is first made readable, writable and searchable by its owner (coreutils ``chmod -R u+rwx``, which
-    changes a folder before it reads it and follows no link), so that a folder a submission set to mode 000 does
-    not keep its contents on the grader's disk when the grader is not root."""
-    subprocess.run(["chmod", "-R", "u+rwx", "--", str(folder)], capture_output=True)
-    subprocess.run(["rm", "-rf", "--one-file-system", "--", str(folder)], capture_output=True)
+        budget.remove_tree(scratch)
 
 
 def summarise_error(log: str) -> str:
-    """The most telling line of nbgrader's log for a failed submission: a known cause (a dead kernel, a
-    broken file), else the exception line that ends the first traceback, else the last line."""
+    """The most telling line of nbgrader's log for a failed submission: a known cause (KNOWN_CAUSES: a dead
+    kernel, a broken file), its exception line (``Name: message``) first, else the exception line that ends the
+    first traceback, else the last line."""
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    for needle in ("OutputLimitError", "DeadKernelError", "Kernel died", "Kernel didn't respond", "NotJSONError", "Unreadable",
-                   "JSONDecodeError", "ValidationError", "UnresponsiveKernelError", "Timeout"):
-        for line in lines:
+    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    for needle in KNOWN_CAUSES:
+        # the exception's own line (its message) before any other that names it, such as the `raise` line
+        for line in raised + lines:
             if needle in line:
                 return line[:300]
-    raised = [line for line in lines if _EXCEPTION_LINE.match(line)]
     return (raised[0] if raised else lines[-1] if lines else "nbgrader failed without a message")[:300]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Grade one student: argv = course_dir, assignment, student, cell_timeout (s), memory (bytes), cpu (s),
-    output (bytes). Whatever goes wrong while grading, checking or cleaning up (a RecursionError, MemoryError
-    or OSError from what the submission left) ends as this student's "failed" record with the reason.
+    output (bytes), notebook size (bytes). Whatever goes wrong while grading, checking or cleaning up (a
+    RecursionError, MemoryError or OSError from what the submission left) ends as this student's "failed" record
+    with the reason.
 
     A worker that is not root, and not yet on a scratch tmpfs of its own, first re-runs itself in a user and
     mount namespace of its own (``budget.own_scratch_command``), where it mounts one; where this host allows no
@@ -205,9 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     from moe_course.course import budget
 
     arguments = list(sys.argv[1:] if argv is None else argv)
-    course_dir, assignment, student, cell_timeout, memory, cpu, output = arguments
+    course_dir, assignment, student, cell_timeout, memory, cpu, output, notebook = arguments
     limits = Limits(cell_timeout=int(cell_timeout), memory_bytes=int(memory), cpu_seconds=int(cpu),
-                    output_bytes=int(output))
+                    output_bytes=int(output), notebook_bytes=int(notebook))
     try:
         if os.geteuid() != 0 and not os.environ.get(budget.SCRATCH_TMPFS_ENV):
             if not budget.can_own_scratch():

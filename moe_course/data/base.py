@@ -123,15 +123,23 @@ def train_batches(
             step += 1
 
 
-def eval_batches(dataset: ImageDataset, split: str, batch_size: int, *,
-                 order_seed: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(dataset: ImageDataset, split: str, batch_size: int, *, order_seed: int | None = None,
+                 rows: tuple[int, int] | None = None) -> Iterator[dict[str, np.ndarray]]:
     """Every example of ``split`` once, in batches of ``batch_size`` (the last may be smaller): in index order,
-    or with ``order_seed`` in a fixed shuffled order (a function of the seed only)."""
+    or with ``order_seed`` in a fixed shuffled order (a function of the seed only). ``rows`` (start, stop): only
+    those rows of each batch (one process's share on a pod), so the last batch's share may hold fewer rows, or
+    none (then a 0-row batch with the fields' shapes and dtypes)."""
     check_split(dataset, split)
     n = dataset.split_size(split)
     order = np.arange(n) if order_seed is None else np.random.default_rng([order_seed, 0xE7A1]).permutation(n)
     for start in range(0, n, batch_size):
-        yield dataset.get(split, order[start:start + batch_size])
+        chunk = order[start:start + batch_size]
+        if rows is None:
+            yield dataset.get(split, chunk)
+        elif rows[0] < len(chunk):
+            yield dataset.get(split, chunk[rows[0]:rows[1]])
+        else:  # this share of the last batch is all padding
+            yield {k: v[:0] for k, v in dataset.get(split, chunk[:1]).items()}
 
 
 def class_balance(labels: np.ndarray, num_classes: int) -> np.ndarray:

@@ -15,7 +15,6 @@ the pixels are read in ``get``, so a corrupt image fails there, naming the file.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from PIL import Image
 from moe_course.data.augment import example_rng, flip_left_right, inception_crop_box
 from moe_course.data.base import SPLITS, DataError, check_indices
 from moe_course.data.randaugment import apply_randaugment, check_randaugment, randaugment_module
+from moe_course.data.resize import resize_area, resize_bilinear, resize_small_size
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 
@@ -76,43 +76,35 @@ def _scan_split(split_dir: Path, class_index: dict[str, int]) -> tuple[list[str]
 
 def read_image(path: str, image_size: int, *, rng: np.random.Generator | None = None, flip: bool = True,
                resize_small: int | None = None) -> np.ndarray:
-    """The image file at ``path`` as RGB pixels, (image_size, image_size, 3) uint8.
+    """The image file at ``path`` as RGB pixels, (image_size, image_size, 3) uint8, as big_vision's ImageNet input
+    makes them (``data.resize``: TensorFlow's resizes, clipped and truncated to uint8).
 
-    Without ``rng`` (evaluation): shorter side resized (bilinear) to ``resize_small`` (None: ``image_size``), then
-    the central ``image_size`` crop (big_vision's ``resize_small(256)|central_crop(224)`` with 256 and 224).
-    With ``rng`` (training): the Inception-style random-resized crop (``augment.inception_crop_box``: 8-100% of
-    the area, aspect 3/4-4/3) resized to ``image_size``, then (with ``flip``) a horizontal flip with probability
-    1/2, every draw from ``rng``. A JPEG is decoded at a reduced scale (PIL ``Image.draft``: 1/2, 1/4 or 1/8)
-    wherever the box still has at least ``image_size`` pixels per side at that scale. Raises DataError naming
-    the file when it cannot be read as an image.
+    Without ``rng`` (evaluation): big_vision's ``resize_small(resize_small)|central_crop(image_size)`` -- the
+    shorter side resized by area to ``resize_small`` (None: ``image_size``), then the central ``image_size``
+    crop. With ``rng`` (training): big_vision's ``decode_jpeg_and_inception_crop(image_size)|flip_lr`` -- the
+    Inception box (``augment.inception_crop_box``: 5-100% of the area, aspect 0.75-1.33) resized to
+    ``image_size`` bilinearly without antialias, then (with ``flip``) a horizontal flip with probability 1/2,
+    every draw from ``rng``. Both decode the whole image (PIL), as TensorFlow does. Raises DataError naming the
+    file when it cannot be read as an image.
     """
     try:
         with Image.open(path) as image:
-            width, height = image.size
-            if rng is None:
-                side = max(image_size, resize_small or image_size)
-                image.draft("RGB", (side, side))  # JPEG: decode at a reduced scale >= the target
-                image = image.convert("RGB")
-                width, height = image.size
-                scale = side / min(width, height)
-                new_w, new_h = max(side, round(width * scale)), max(side, round(height * scale))
-                image = image.resize((new_w, new_h), Image.BILINEAR)
-                left, top = (new_w - image_size) // 2, (new_h - image_size) // 2
-                return np.asarray(image.crop((left, top, left + image_size, top + image_size)))
-            left, top, w, h = inception_crop_box(rng, width, height)
-            flip = flip and flip_left_right(rng)
-            shrink = image_size / min(w, h)  # draft keeps at least this fraction of the pixels per side
-            image.draft("RGB", (math.ceil(width * shrink), math.ceil(height * shrink)))
-            sx, sy = image.size[0] / width, image.size[1] / height
-            image = image.convert("RGB").resize((image_size, image_size), Image.BILINEAR,
-                                                box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
-            pixels = np.asarray(image)
-            return np.ascontiguousarray(pixels[:, ::-1]) if flip else pixels
+            pixels = np.asarray(image.convert("RGB"))
     except _IMAGE_ERRORS as exc:
         raise DataError(
             f"{path}: not a readable image ({type(exc).__name__}: {' '.join(str(exc).split())}); "
             f"expected an image file PIL can open"
         ) from exc
+    height, width = pixels.shape[:2]
+    if rng is None:
+        new_h, new_w = resize_small_size(height, width, max(image_size, resize_small or image_size))
+        pixels = resize_area(pixels, new_h, new_w)
+        top, left = (new_h - image_size) // 2, (new_w - image_size) // 2
+        return pixels[top:top + image_size, left:left + image_size]
+    left, top, w, h = inception_crop_box(rng, width, height)
+    flip = flip and flip_left_right(rng)
+    pixels = resize_bilinear(pixels[top:top + h, left:left + w], image_size, image_size)
+    return np.ascontiguousarray(pixels[:, ::-1]) if flip else pixels
 
 
 def read_images(paths: list[str], image_size: int, *, augment_seeds: list[tuple[int, int, int]] | None = None,

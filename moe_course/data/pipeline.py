@@ -15,6 +15,10 @@ dataset builds them with randomness of their own, a function of (seed, epoch, in
 canvases, the image folders' Inception crops and flips. So batch s depends only on (seed, s), whatever the
 number of workers, and the pipeline's whole state is the next step: a checkpoint of step s resumes by starting
 the pipeline at s (``train_pipeline(start_step=s)``), which gives the batches the uninterrupted run saw.
+
+On a pod each process builds only its rows of every global batch (``rows``, from ``parallel.process_rows``): the
+same examples with the same randomness as the rows of the one-process batch, so the global batches do not
+depend on the number of processes either.
 """
 
 from __future__ import annotations
@@ -50,12 +54,14 @@ def check_workers(workers) -> int:
 
 
 class TrainBatch:
-    """``TrainBatch(dataset, batch_size, seed)(s)``: training batch ``s`` (0-based global step) -- what each worker
-    process holds (a pickled copy of the dataset) and calls. Image uint8 where the dataset's class has
-    ``get_uint8`` (``base.training_batch``)."""
+    """``TrainBatch(dataset, batch_size, seed, rows)(s)``: training batch ``s`` (0-based global step) -- what each
+    worker process holds (a pickled copy of the dataset) and calls. Image uint8 where the dataset's class has
+    ``get_uint8`` (``base.training_batch``). ``rows`` (start, stop): only those rows of the global batch are read
+    and decoded (one process's share on a pod, ``parallel.process_rows``); None: all ``batch_size``."""
 
-    def __init__(self, dataset: ImageDataset, batch_size: int, seed: int):
+    def __init__(self, dataset: ImageDataset, batch_size: int, seed: int, rows: tuple[int, int] | None = None):
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self.rows = (0, batch_size) if rows is None else rows
         self._order: tuple[int, np.ndarray] | None = None  # (epoch, its order): one permutation per epoch
 
     def __call__(self, step) -> dict[str, np.ndarray]:
@@ -64,7 +70,7 @@ class TrainBatch:
         if self._order is None or self._order[0] != epoch:
             self._order = (epoch, epoch_order(n, seed=self.seed, epoch=epoch))
         _, indices = batch_indices(n, self.batch_size, seed=self.seed, step=int(step), order=self._order[1])
-        return training_batch(self.dataset, indices, epoch=epoch)
+        return training_batch(self.dataset, indices[self.rows[0]:self.rows[1]], epoch=epoch)
 
 
 class TrainBatches:
@@ -87,17 +93,21 @@ class TrainBatches:
 
 class Unchunked:
     """The batches of an iterator over ``TrainBatches`` lists, one at a time, in step order; ``close()`` ends the
-    underlying Grain iterator."""
+    underlying Grain iterator. ``images``: the images of every batch received from the builders so far (those
+    decoded for this process, by its thread or its workers)."""
 
     def __init__(self, chunks):
         self._chunks, self._ready = chunks, collections.deque()
+        self.images = 0
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
         while not self._ready:
-            self._ready.extend(next(self._chunks))
+            chunk = next(self._chunks)
+            self.images += sum(len(b["image"]) for b in chunk if isinstance(b, dict) and "image" in b)
+            self._ready.extend(chunk)
         batch = self._ready.popleft()
         if isinstance(batch, Exception):
             raise batch
@@ -132,13 +142,17 @@ def _exit_with_parent(index: int, count: int) -> None:
 
 
 def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_step: int = 0,
-                   stop_step: int | None = None, workers: int = 0, buffer: int = 2):
+                   stop_step: int | None = None, workers: int = 0, buffer: int = 2,
+                   rows: tuple[int, int] | None = None):
     """An iterator over the training batches ``start_step`` .. ``stop_step - 1`` (0-based; None: endless) of
     ``dataset``, built by Grain: in ``workers`` processes, or with 0 in one background thread of this process.
 
     Batch s is ``TrainBatch(dataset, batch_size, seed)(s)``: the same batches ``base.train_batches`` lists, with
     "image" (batch_size, H, W, C) uint8 (float32 for a dataset class without ``get_uint8``) and the dataset's
-    other fields. ``buffer``: elements each worker (or the thread) keeps ready. End it with ``close_pipeline``
+    other fields. ``rows`` (start, stop): build only those rows of every global batch (this process's share on
+    a pod, ``parallel.process_rows``): batch s is then rows start..stop-1 of the one-process batch s, whatever
+    the number of workers; the iterator's ``images`` counts the images built. ``buffer``: elements each worker
+    (or the thread) keeps ready. End it with ``close_pipeline``
     once its batches are dropped, to end the workers and free their shared memory. An error raised while
     building a batch (e.g. ``DataError`` naming a corrupt file) is raised by ``next`` on the iterator, in step
     order, also from a worker. Raises ValueError for ``workers`` < 0, ``batch_size`` larger than the training
@@ -152,9 +166,13 @@ def train_pipeline(dataset: ImageDataset, batch_size: int, *, seed: int, start_s
     stop = stop_step if stop_step is not None else 2**62
     if not 0 <= start_step <= stop:
         raise ValueError(f"start_step={start_step} is not allowed; use 0 <= start_step <= stop_step={stop}")
-    chunk = steps_per_element(dataset, batch_size, workers)
+    if rows is not None and not 0 <= rows[0] < rows[1] <= batch_size:
+        raise ValueError(f"rows={rows!r} is not allowed; use (start, stop) with 0 <= start < stop <= "
+                         f"batch_size={batch_size}")
+    local = batch_size if rows is None else rows[1] - rows[0]
+    chunk = steps_per_element(dataset, local, workers)
     steps = grain.MapDataset.range(start_step, stop, chunk).map(
-        TrainBatches(TrainBatch(dataset, batch_size, seed), chunk, stop))
+        TrainBatches(TrainBatch(dataset, batch_size, seed, rows), chunk, stop))
     # In the workers a batch is built in the worker's own loop (the process buffer holds the ready ones); without
     # workers one thread builds them ahead while the training step runs.
     steps = steps.to_iter_dataset(grain.ReadOptions(num_threads=0 if workers else 1, prefetch_buffer_size=buffer))

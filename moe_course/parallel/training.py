@@ -9,6 +9,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from moe_course.parallel.mesh import EXPERT, axis_size, batch_shards, check_experts, format_mesh
+from moe_course.parallel.process_share import check_process_split
 from moe_course.parallel.sharding import (
     named_shardings, param_partition_specs, put_tree, replicated, state_shardings, use_mesh,
 )
@@ -17,11 +18,17 @@ from moe_course.parallel.sharding import (
 def check_mesh_fits(mesh: Mesh, model_config, train_config) -> None:
     """Raise ValueError (before any compilation) when a run cannot be split over ``mesh``: the model's
     ``num_experts`` not divisible by the expert axis, or a ``batch_size`` / ``eval_batch_size`` that is not a
-    multiple of (images per routing group) x (devices) -- every device routes whole groups of its own images."""
+    multiple of (images per routing group) x (devices) -- every device routes whole groups of its own images.
+    On a mesh over several processes the message names the processes first (each reads whole groups of its
+    own images, ``process_share``)."""
     check_experts(getattr(model_config, "num_experts", None), axis_size(mesh, EXPERT))
-    unit = getattr(model_config, "group_size", 1) * batch_shards(mesh)
+    group = getattr(model_config, "group_size", 1)
+    unit = group * batch_shards(mesh)
+    processes = len({device.process_index for device in mesh.devices.flat})
     for name in ("batch_size", "eval_batch_size"):
         value = getattr(train_config, name)
+        if processes > 1:
+            check_process_split(name, value, group, processes)
         if value % unit:
             raise ValueError(f"{name}={value} does not split over mesh {format_mesh(mesh)!r}: it must be a multiple "
                              f"of group_size x devices = {unit}")

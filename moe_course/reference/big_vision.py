@@ -26,9 +26,10 @@ or ``Transformer/pos_embedding``, 1 + a square) keep that entry. When ``image_si
 checkpoint's, the grid of position embeddings is resized by bilinear interpolation and the class-token entry
 kept (``resize_position_embeddings``; big_vision's ``resample_posemb``). A checkpoint without position
 embeddings is a ``posemb="sincos2d"`` model (big_vision ``models/vit.py`` ``get_posemb``: the fixed table is
-recomputed from the patch grid in every call, never saved); our config gets ``posemb="sincos2d"``, which
-recomputes the same table (``models.vit.sincos2d_position_embeddings``) at any image size. Such a checkpoint
-records no image size: ``image_size`` defaults to 224 (every big_vision ImageNet recipe's).
+recomputed from the patch grid in every call, never saved; its ``vit_s16_i1k`` checkpoints are such); our config
+gets ``posemb="sincos2d"``, whose table is a constant of the model (``models.vit.fixed_position_embeddings``), not
+a parameter, so the parameter count is the checkpoint's. Nothing in the file records the image size:
+``image_size`` must be given (any multiple of the patch size; the table is recomputed for its grid).
 
 The model computes big_vision's function: ``flax.linen.gelu`` is the tanh approximation, so the config has
 ``gelu="tanh"``; LayerNorm epsilon 1e-6 as ours. Pools: big_vision's "tok" -> "cls" (a ``cls`` parameter is
@@ -80,11 +81,8 @@ def unscan(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-SINCOS2D_IMAGE_SIZE = 224  # a sincos2d checkpoint's default image size (big_vision's ImageNet recipes)
-
-
 def _posemb_name(arrays: Mapping[str, np.ndarray]) -> str | None:
-    """The name of the checkpoint's learned position embeddings, or None (a sincos2d model)."""
+    """The name of the checkpoint's learned position embeddings, or None (a sincos2d checkpoint)."""
     return next((name for name in POSEMB_NAMES if name in arrays), None)
 
 
@@ -93,10 +91,10 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
     """Our ViTConfig for a big_vision ViT, read from its parameters' names and shapes: patch_size, channels
     and width from the patch embedding, depth from the blocks, heads from the query kernel (width, heads,
     head_dim), mlp_dim, num_classes, representation_size (pre_logits), pool ("cls" with a ``cls``
-    parameter, else "gap"), gelu="tanh", posemb ("learned", or "sincos2d" when the checkpoint has no position
-    embeddings). image_size: default the checkpoint's (grid side x patch size; 224 for sincos2d, whose
-    checkpoints record none); another size resizes learned position embeddings. Raises ValueError for a MAP
-    head, a checkpoint without head, or an image_size the patch size does not divide.
+    parameter, else "gap"), gelu="tanh", posemb "learned", or "sincos2d" when the checkpoint has no position
+    embeddings. image_size: default the checkpoint's (grid side x patch size); another size resizes learned
+    position embeddings; required for a sincos2d checkpoint. Raises ValueError for a MAP head, a checkpoint
+    without head, a sincos2d one without image_size, or an image_size the patch size does not divide.
     """
     arrays = unscan(arrays)
     if any(name_.startswith("MAPHead_0/") for name_ in arrays):
@@ -106,22 +104,25 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
             raise ValueError(f"parameter {needed!r} is missing: not a big_vision ViT classifier checkpoint")
     patch, _, channels, width = np.shape(arrays["embedding/kernel"])
     depth = len({m.group(1) for n in arrays if (m := re.match(r"Transformer/encoderblock_(\d+)/", n))})
-    posemb = _posemb_name(arrays)
-    if posemb is None:
-        default_size = SINCOS2D_IMAGE_SIZE
-    else:
-        tokens = np.shape(arrays[posemb])[1]
-        patches = tokens if math.isqrt(tokens) ** 2 == tokens else tokens - 1
-        default_size = grid_side(patches, "the checkpoint's position embeddings") * int(patch)
+    posemb_name = _posemb_name(arrays)
+    if posemb_name is None and image_size is None:
+        raise ValueError(f"the checkpoint has no position embeddings (none of {', '.join(POSEMB_NAMES)}): big_vision "
+                         f"computed them (posemb='sincos2d'), and the file does not record the image size; pass "
+                         f"image_size (e.g. 224 for its vit_s16_i1k checkpoints)")
+    side = 0
+    if posemb_name is not None:
+        posemb = np.shape(arrays[posemb_name])[1]
+        patches = posemb if math.isqrt(posemb) ** 2 == posemb else posemb - 1
+        side = grid_side(patches, "the checkpoint's position embeddings")
     rep = arrays.get("pre_logits/kernel")
     return ViTConfig(
-        name=name, image_size=image_size or default_size, patch_size=int(patch), channels=int(channels),
+        name=name, image_size=image_size or side * int(patch), patch_size=int(patch), channels=int(channels),
         width=int(width), depth=depth,
         heads=heads_of(arrays, "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"),
         mlp_dim=int(np.shape(arrays["Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel"])[1]),
         num_classes=int(np.shape(arrays["head/kernel"])[1]), pool="cls" if "cls" in arrays else "gap",
         representation_size=None if rep is None else int(np.shape(rep)[1]), gelu="tanh",
-        posemb="learned" if posemb else "sincos2d",
+        posemb="learned" if posemb_name else "sincos2d",
     ).validate()
 
 

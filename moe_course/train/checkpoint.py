@@ -7,6 +7,12 @@ saving leaves the previous checkpoint intact).
 The input pipeline's state is the step itself: batch s depends only on (seed, s) (``data.pipeline``), so a
 run resumed from the checkpoint of step s restarts its pipeline at s, whatever the number of data workers.
 
+On a mesh over several processes (``jax.distributed``) every process calls ``save`` and ``restore`` with its
+own shards of the same global arrays on a workdir all of them see (a shared file system); orbax writes each
+process's shards and commits the step directory once all have finished, so the step appears whole or not at
+all, as on one process. The arrays carry no process count: a checkpoint written by P processes restores in
+any other number (its ``like`` gives the new layout).
+
 A checkpoint damaged after it was written (a truncated file: a full disk, a bad copy) is skipped when
 restoring: ``restore_newest`` says in one line which step is damaged and which one is used instead, and
 raises ``WorkdirError`` naming the workdir when none restores.
@@ -38,7 +44,8 @@ def _first_line(exc: BaseException, limit: int = 160) -> str:
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    # one temporary name per process: on a pod every process records the same run.json in the shared workdir
+    tmp = path.with_suffix(f"{path.suffix}.{os.getpid()}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 

@@ -24,7 +24,8 @@ from moe_course.configs import config_to_dict
 from moe_course.data.base import ImageDataset, steps_per_epoch
 from moe_course.data.pipeline import check_workers, close_pipeline, train_pipeline
 from moe_course.models import build_model
-from moe_course.parallel.sharding import put, replicated, shard_batch
+from moe_course.parallel.process_share import assemble_batch, process_rows
+from moe_course.parallel.sharding import put, replicated
 from moe_course.parallel.training import check_mesh_fits, shard_training_state
 from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
@@ -45,21 +46,24 @@ class TrainResult:
     fraction of the device's dense peak, None where unknown; ``throughput.throughput_fields``);
     val_accuracy/val_loss where evaluated).
     resumed_from: the checkpoint step the run started from, or None. seconds: wall time of this call.
+    images_read: training images this process read and decoded (on a mesh of P processes, its 1/P of every
+    global batch; the whole batches otherwise).
     """
 
     model: nnx.Module
     history: list[dict] = field(default_factory=list)
     resumed_from: int | None = None
     seconds: float = 0.0
+    images_read: int = 0
 
 
 class DeviceFeed:
     """The next batches already on their way to the device while the current step runs.
 
-    ``next(feed)`` hands out the oldest of ``size`` batches placed by ``place`` (``jax.device_put``, or the mesh
-    layout of ``shard_batch``; both return before the copy ends) and ``fill()`` takes the next host batch from
-    ``batches`` and places it: call it after dispatching the step, so the host waits for data while the device
-    computes. Only ``keys`` of each batch travel. ``waited``: seconds spent blocked on ``batches`` so far.
+    ``next(feed)`` hands out the oldest of ``size`` batches placed by ``place`` (``jax.device_put``, or the global
+    array of ``assemble_batch`` on a mesh; both return before the copy ends) and ``fill()`` takes the next host
+    batch from ``batches`` and places it: call it after dispatching the step, so the host waits for data while
+    the device computes. Only ``keys`` of each batch travel. ``waited``: seconds spent blocked on ``batches`` so far.
     """
 
     def __init__(self, batches: Iterator[dict], place: Callable[[dict], dict], keys: tuple[str, ...], size: int = 2):
@@ -224,7 +228,7 @@ def _postfix(record: dict) -> dict[str, str]:
     return shown
 
 
-def _validate(model, dataset, config: TrainConfig, eval_step) -> dict[str, float]:
+def _validate(model, dataset, config: TrainConfig, eval_step, mesh: Mesh | None) -> dict[str, float]:
     """The val-split entries of a history record: val_accuracy and val_loss for a classifier; for a contrastive
     model val_accuracy = zero-shot accuracy, and retrieval recall@1 both ways."""
     if eval_step is None:
@@ -233,7 +237,7 @@ def _validate(model, dataset, config: TrainConfig, eval_step) -> dict[str, float
         val = evaluate_contrastive(model, dataset, "val", batch_size=config.eval_batch_size)
         record = {"val_i2t_recall@1": val["i2t_recall@1"], "val_t2i_recall@1": val["t2i_recall@1"]}
         return {**record, "val_accuracy": val["zero_shot_accuracy"]} if "zero_shot_accuracy" in val else record
-    val = evaluate(model, dataset, "val", batch_size=config.eval_batch_size, eval_step=eval_step)
+    val = evaluate(model, dataset, "val", batch_size=config.eval_batch_size, eval_step=eval_step, mesh=mesh)
     return {"val_accuracy": val["accuracy"], "val_loss": val["loss"]}
 
 
@@ -264,7 +268,10 @@ def train(
     reached by all-to-all, everything else is replicated; several processes (``jax.distributed``) work the
     same way. The losses equal the one-device run's up to float rounding. The mesh is not part of the run's
     configuration: a checkpoint written on one mesh resumes on any other (or on none). ``init_model`` is then
-    switched to the mesh in place. A batch size that does not split over the mesh raises ValueError first.
+    switched to the mesh in place. A batch size that does not split over the mesh (or over its processes)
+    raises ValueError first. Each process reads and decodes only the rows of every batch its own devices hold
+    (``parallel.process_rows``), validates the same way, and prints ``process p of P read N training images``
+    at the end (with ``progress``, and always with several processes); several processes need a mesh.
 
     Input (``data.pipeline``): Grain builds the training batches in ``data_workers`` processes (0: one background
     thread of this process; ``moe-course train`` uses every core), as uint8 where the dataset gives it, and
@@ -284,6 +291,9 @@ def train(
     check_compatible(model_config, dataset, config)
     if mesh is not None:
         check_mesh_fits(mesh, model_config, config)
+    elif jax.process_count() > 1:
+        raise ValueError(f"mesh=None in a run of {jax.process_count()} processes; pass a mesh over every process's "
+                         "devices (parallel.make_mesh(), or --mesh with moe-course train)")
     per_epoch = steps_per_epoch(dataset, config.batch_size)
     started = time.perf_counter()
 
@@ -322,16 +332,15 @@ def train(
                                  mixup_p=config.mixup_p, num_classes=model_config.num_classes,
                                  randaugment=config.randaugment)
     eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
-    if mesh is not None and eval_step is not None:
-        compiled_eval = eval_step
-        eval_step = lambda params, rest, batch: compiled_eval(params, rest, shard_batch(batch, mesh))
     schedule = learning_rate_schedule(config)
     base_key = jax.random.key(config.seed)
     last = config.steps if stop_after is None else min(stop_after, config.steps)
     # Every step the loop only dispatches work: metrics stay on the device until a record is logged.
+    # On a mesh each process builds only the rows its own devices hold (parallel.process_share).
+    rows = None if mesh is None else process_rows(mesh, config.batch_size)
     pipeline = train_pipeline(dataset, config.batch_size, seed=config.seed, start_step=start_step,
-                              stop_step=max(last, start_step), workers=data_workers)
-    put_batch = jax.device_put if mesh is None else (lambda batch: shard_batch(batch, mesh))
+                              stop_step=max(last, start_step), workers=data_workers, rows=rows)
+    put_batch = jax.device_put if mesh is None else (lambda batch: assemble_batch(batch, mesh, config.batch_size))
     batch = feed = None
     throughput = Throughput(config.batch_size)
     warned = False
@@ -385,7 +394,7 @@ def train(
                         f"train(..., data_workers=N) in Python or a notebook, --data-workers N with `moe-course "
                         f"train`. The run's results do not change with N.", InputBoundWarning, stacklevel=2)
                 if due(config.eval_every, step) and dataset.split_size("val"):
-                    record.update(_validate(nnx.merge(graphdef, params, rest), dataset, config, eval_step))
+                    record.update(_validate(nnx.merge(graphdef, params, rest), dataset, config, eval_step, mesh))
                 history.append(record)
                 bar.set_postfix(_postfix(record), refresh=False)
                 throughput.resume(step, feed.waited)
@@ -399,6 +408,7 @@ def train(
         # (an exception's traceback keeps this frame alive), not at interpreter exit, which would leak them.
         batch = feed = None
         gc.collect()  # reference cycles (an exception and its frames) can hold such batches too
+        images_read = pipeline.images
         close_pipeline(pipeline)
         pipeline = None
         if checkpoints is not None:
@@ -409,6 +419,9 @@ def train(
         print(f"{model_config.name}: steps {start_step + 1}-{last} in {seconds:.0f} s, "
               f"{(last - start_step) / seconds:.1f} steps/s (compilation and validation included)"
               + (f"; last record: {format_throughput(rate['images_per_second'], rate)}" if rate else ""))
+    if mesh is not None and (progress or jax.process_count() > 1):  # compared across hosts (docs/scale-out.md)
+        print(f"process {jax.process_index()} of {jax.process_count()} read {images_read} training images", flush=True)
     return TrainResult(
         model=nnx.merge(graphdef, params, rest), history=history, resumed_from=resumed_from, seconds=seconds,
+        images_read=images_read,
     )

@@ -3,8 +3,11 @@
 One mixing ratio per batch: a ~ Beta(p, p), folded to ``max(a, 1 - a)`` (so the original image always weighs at
 least half); every example is mixed with its neighbour in the batch rolled by one (``jnp.roll(x, 1, axis=0)``:
 example i with example i - 1, example 0 with the last), and the one-hot labels are mixed with the same ratio.
-The key is split first, as big_vision's: (next key, mixup key) = split(key). big_vision runs it per device inside
-``shard_map`` (a ratio and a roll per device's share of the batch); here on the whole batch of one step.
+The key is split first, as big_vision's: (next key, mixup key) = split(key). big_vision draws the ratio once per
+batch, outside its ``shard_map`` (``train.py`` ``update_fn`` calls ``u.get_mixup(rng, p)``, then wraps only the
+returned mixing function in ``shard_map``), so only the roll is per device: on n devices, the first example of each
+device's share is mixed with the last of that share. Here the roll runs over the whole batch of the step: the same
+pairs on one device; on n devices, n of the pairs differ (those across the shares' boundaries).
 """
 
 from __future__ import annotations

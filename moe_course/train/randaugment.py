@@ -41,15 +41,18 @@ def auto_contrast(image: jax.Array) -> jax.Array:
 
 def _equalize_channel(plane: jax.Array) -> jax.Array:
     """PIL's ``ImageOps.equalize`` of one (H, W) plane in [0, 1], as kornia's ``_scale_channel_batched``: the
-    histogram of the 8-bit levels floor(255 x), a look-up table stepping by (pixels - count of the top level) //
-    255; a plane whose step is 0 (one level, or nearly) is returned unchanged."""
+    histogram of the 8-bit levels floor(255 x), a look-up table (level i -> (pixels below level i + step // 2)
+    // step) with step = (pixels - count of the top level) // 255; a plane whose step is 0 (one level, or nearly)
+    is returned unchanged. The table is integer arithmetic throughout, as PIL's: a float quotient that XLA
+    computes as a product with the reciprocal (11421 / 47 -> 242.99998) would floor one level low exactly where
+    the running count is a multiple of the step."""
     scaled = plane * 255.0
     level = jnp.clip(scaled.astype(jnp.int32), 0, 255)
-    histogram = jnp.zeros(256, jnp.float32).at[level.reshape(-1)].add(1.0)
+    histogram = jnp.zeros(256, jnp.int32).at[level.reshape(-1)].add(1)
     top = jnp.max(jnp.where(histogram > 0, jnp.arange(256), 0))
-    step = jnp.floor((level.size - histogram[top]) / 255.0)
-    lut = jnp.floor((jnp.cumsum(histogram) + jnp.floor(step / 2)) / jnp.maximum(step, 1.0))
-    lut = jnp.clip(jnp.concatenate([jnp.zeros(1), lut[:-1]]), 0.0, 255.0)
+    step = (level.size - histogram[top]) // 255
+    below = jnp.cumsum(histogram) - histogram  # pixels below each level
+    lut = jnp.clip((below + step // 2) // jnp.maximum(step, 1), 0, 255).astype(plane.dtype)
     return jnp.where(step == 0, scaled, lut[level]) / 255.0
 
 

@@ -36,16 +36,16 @@ def _capacity_cases(rng):
     return [(k, t, c, e) for k in (1, 2) for t in tokens for c in (0.25, 0.5, 1.05, 1.5) for e in (2, 4, 8) if k <= e]
 
 
-def _softmax(logits):
-    z = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return (z / z.sum(axis=-1, keepdims=True)).astype(np.float32)
+# Router probabilities on a coarse grid: many tokens have exactly equal ones (ties: the lower token index first).
+_GRID = np.array([[0.5, 0.25, 0.25], [0.25, 0.5, 0.25], [0.25, 0.25, 0.5], [0.375, 0.375, 0.25]], np.float32)
 
 
 def _experts_choice_cases(rng):
-    # router probabilities as the softmax of random logits; capacities from 1 to all tokens; and logits on a
-    # coarse grid, where many tokens have exactly equal probabilities (ties: the lower token index first)
-    cases = [(_softmax(rng.normal(size=(2, 10, 4))), capacity) for capacity in (1, 3, 10)]
-    return cases + [(_softmax(np.round(rng.normal(size=(3, 8, 3)), 0)), 4)]
+    # router probabilities drawn as such (Dirichlet(1): a uniform point of the simplex per token; no softmax is
+    # computed here, which would hand a submission a piece of importance_loss) with capacities from 1 to all
+    # tokens; and rows of _GRID
+    cases = [(rng.dirichlet(np.ones(4), size=(2, 10)).astype(np.float32), capacity) for capacity in (1, 3, 10)]
+    return cases + [(_GRID[rng.integers(0, len(_GRID), size=(3, 8))], 4)]
 
 
 def _experts_choice(probs, capacity):

@@ -5,10 +5,11 @@ number, with no inputs).
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
 NumPy alone) and in the grader (``reference``, with the library). See ``moe_course.course.answers``.
 
-The routings the answers are called on are made here as ``top_k_routing`` makes them (softmax of random
-logits, the k largest probabilities as gates, ties to the lower expert), plus gates that are multiples of
-1/8, where many tokens of a group have the same priority score (exactly, also for ``score="sum"``): equal
-scores must keep the group order.
+The routings the answers are called on are drawn here, not computed (no code of a graded function, such as
+02's ``top_k_routing``, is in the sandbox's copy of this file; ``build.check_no_cross_answers``): gates as the
+k largest of a random point of the simplex (Dirichlet(1)), largest first, and random experts; plus gates that
+are multiples of 1/8, where many tokens of a group have the same priority score (exactly, also for
+``score="sum"``): equal scores must keep the group order.
 """
 
 import numpy as np
@@ -16,17 +17,11 @@ import numpy as np
 from moe_course.course.answers import Check
 
 
-def _routing(rng, shape, num_experts, decimals=None):
-    """(expert_index, gates), each ``shape`` = (groups, tokens, k), as ``moe_course.routing.top_k_routing``
-    gives them for random logits drawn here (rounded to ``decimals``: equal logits give equal gates). It takes
-    the generator, not the logits, so that it answers no assignment's check (``build.check_no_cross_answers``)."""
-    groups, tokens, k = shape
-    logits = rng.normal(size=(groups, tokens, num_experts))
-    logits = logits if decimals is None else np.round(logits, decimals)
-    z = logits - logits.max(axis=-1, keepdims=True)
-    probs = (np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)).astype(np.float32)
-    expert_index = np.argsort(-probs, axis=-1, kind="stable")[..., :k].astype(np.int32)
-    return expert_index, np.take_along_axis(probs, expert_index, axis=-1)
+def _drawn_gates(rng, shape, num_experts):
+    """Gates of ``shape`` = (groups, tokens, k), float32: the k largest coordinates of a Dirichlet(1) draw over
+    ``num_experts`` (router probabilities drawn as such, not computed from logits), largest first."""
+    points = rng.dirichlet(np.ones(num_experts), size=shape[:2])
+    return -np.sort(-points, axis=-1)[..., :shape[2]].astype(np.float32)
 
 
 def _tied_routing(rng, shape, num_experts):
@@ -38,8 +33,7 @@ def _tied_routing(rng, shape, num_experts):
 
 
 def _priority_cases(rng):
-    # logits rounded to one decimal, as the old hidden test: tokens with equal logits get equal gates
-    _, gates = _routing(rng, (3, 10, 2), 4, decimals=1)
+    gates = _drawn_gates(rng, (3, 10, 2), 4)
     _, tied = _tied_routing(rng, (3, 10, 3), 4)
     return [(gates, score) for score in ("max", "sum")] + [(tied, score) for score in ("max", "sum")]
 
@@ -57,12 +51,12 @@ def _priority(gates, score):
 
 
 def _served_cases(rng):
-    # TOP-1 routings (each token's expert and gate, (groups, tokens)) as top_k_routing makes them, with tight
-    # and loose capacities; and gates on a grid of eighths, where equal gates decide who is dropped
+    # TOP-1 routings (each token's expert and gate, (groups, tokens)), with tight and loose capacities; and
+    # gates on a grid of eighths, where equal gates decide who is dropped
     cases = []
     for capacity in (1, 3, 6):
-        expert_index, gates = _routing(rng, (2, 14, 1), 5)
-        cases.append((expert_index[..., 0], gates[..., 0], capacity))
+        expert_index = rng.integers(0, 5, size=(2, 14)).astype(np.int32)
+        cases.append((expert_index, _drawn_gates(rng, (2, 14, 1), 5)[..., 0], capacity))
     expert_index, gates = _tied_routing(rng, (3, 12, 1), 3)
     return cases + [(expert_index[..., 0], gates[..., 0], 2)]
 

@@ -12,6 +12,7 @@ from moe_course.configs.vmoe import VMoEConfig
 from moe_course.models.vmoe import temporary_routing, with_routing
 from moe_course.torch.models.mod import MoDViT
 from moe_course.torch.models.soft_moe import SoftMoEViT
+from moe_course.torch.models.upcycling import upcycle
 from moe_course.torch.models.vit import ViT
 from moe_course.torch.models.vmoe import VMoE
 
@@ -27,4 +28,4 @@ def build_model(config) -> torch.nn.Module:
     return cls(config)
 
 
-__all__ = ["MoDViT", "SoftMoEViT", "VMoE", "ViT", "build_model", "temporary_routing", "with_routing"]
+__all__ = ["MoDViT", "SoftMoEViT", "VMoE", "ViT", "build_model", "temporary_routing", "upcycle", "with_routing"]

@@ -326,7 +326,10 @@ def case_share(coordinator: str, num_processes: int, process_id: int, workers: i
     except ValueError as err:
         report["refused"] = str(err)
     report["runs"] = [share_run(mesh, workdir or None, stop_after, workers) for workdir in workdirs or [""]]
-    if kill:
+    if kill:  # every process has run to its stop before any dies (a dead peer aborts the others)
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("share: all stopped")
         print(json.dumps(report), flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     return report

@@ -161,6 +161,7 @@ def test_every_test_that_imports_torch_skips_by_name_without_it():
 def test_the_wheel_carries_the_recorded_runs_the_chapters_read(tmp_path):
     """Chapters 3 and 5 read moe_course/results/ (``sweeps.RESULTS``); a chapter downloaded from the website
     installs the course from a wheel, so the runs must be in it."""
+    import shutil
     import subprocess
     import sys
     import zipfile
@@ -169,8 +170,14 @@ def test_the_wheel_carries_the_recorded_runs_the_chapters_read(tmp_path):
 
     recorded = sorted(p.name for p in RESULTS.glob("*.jsonl"))
     assert "glyphs.jsonl" in recorded
+    # built from a copy of what the wheel is made of: setuptools' build/ folder is then the test's own, never the
+    # checkout's (a build/bdist... folder another build left there fails the next one: "File exists")
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "moe_course", source / "moe_course", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(ROOT)], check=True, timeout=600)
+                    str(tmp_path), str(source)], check=True, timeout=600)
     (wheel,) = tmp_path.glob("moe_course-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert all(f"moe_course/results/{name}" in names for name in recorded), names

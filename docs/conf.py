@@ -62,7 +62,7 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 nitpicky = True
 nitpick_ignore_regex = [(r"py:.*", r"(jax|jnp|np|numpy|flax|nnx|optax|orbax|torch|typing|collections|"
                                    r"dataclasses|pathlib|tqdm|matplotlib|PIL|concurrent|argparse|abc|enum|os|transformers|"
-                                   r"jaxlib|nbformat|traitlets|nbgrader|contextlib|grain|t)(\..*)?"),
+                                   r"jaxlib|nbformat|traitlets|nbgrader|contextlib|grain|ast|zmq|jupyter_client|t)(\..*)?"),
                         # type variables of generic helpers
                         (r"py:class", r"moe_course\.(train\.concurrent\.[TR]|checks\.Config)")]
 

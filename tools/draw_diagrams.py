@@ -31,6 +31,7 @@ OUT = ROOT / "docs" / "_static" / "diagrams"
 TOKEN, ROUTER, EXPERT, DENSE, DROP, SLOT, NORM = ("#d9e8f5", "#fbd9a6", "#c8e6c9", "#e6e0f0", "#f4b6b6", "#fff2b3",
                                                    "#eeeeee")
 EDGE = "#444444"
+TEXT_SCALE = 1.3  # the site shows a diagram about 750 px wide: type set for that, not for the 13-inch canvas
 RC = {"svg.fonttype": "none", "svg.hashsalt": "moe-course-diagrams", "font.family": "sans-serif",
       "font.size": 10}
 
@@ -50,7 +51,7 @@ def box(ax, x, y, w, h, text="", color=DENSE, size=10, weight="normal", dashed=F
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle=f"round,pad=0,rounding_size={radius}", facecolor=color,
                                 edgecolor=EDGE, linewidth=1.0, linestyle="--" if dashed else "-"))
     if text:
-        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size, weight=weight)
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size * TEXT_SCALE, weight=weight)
     return x + w / 2, y + h / 2
 
 
@@ -60,11 +61,11 @@ def arrow(ax, start, end, text="", color=EDGE, dashed=False, bend=0.0, size=9, o
                                  shrinkA=1, shrinkB=1))
     if text:
         ax.text((start[0] + end[0]) / 2 + offset[0], (start[1] + end[1]) / 2 + offset[1], text, ha="center",
-                va="bottom", fontsize=size, color=color)
+                va="bottom", fontsize=size * TEXT_SCALE, color=color)
 
 
 def label(ax, x, y, text, size=9, ha="center", va="center", color="#222222", **kwargs):
-    ax.text(x, y, text, ha=ha, va=va, fontsize=size, color=color, **kwargs)
+    ax.text(x, y, text, ha=ha, va=va, fontsize=size * TEXT_SCALE, color=color, **kwargs)
 
 
 def tokens(ax, x, y, colors, size=0.28, gap=0.06, vertical=False):
@@ -263,7 +264,7 @@ def draw_05(ax):
         label(ax, x0 - 0.12, y0 + m * 0.35 / 2, "tokens", size=7.5, rotation=90, ha="right")
         label(ax, x0 + s * 0.35 / 2, y0 + m * 0.35 + 0.15, "slots", size=7.5)
     tokens(ax, 0.4, 4.9, [TOKEN] * m, size=0.3, gap=0.05, vertical=True)
-    label(ax, 0.55, 5.45, "X: m tokens", size=8)
+    label(ax, 0.75, 5.45, "X: m tokens", size=8)
     box(ax, 1.05, 3.6, 1.25, 0.9, "logits\nX Phi\n(m x n p)", ROUTER, size=8)
     arrow(ax, (0.75, 4.05), (1.05, 4.05))
     grid(2.9, 2.8, "dispatch D", "softmax down each\ncolumn: over tokens", "column")
@@ -279,9 +280,9 @@ def draw_05(ax):
     box(ax, 8.85, 3.45, 1.1, 1.2, "slot\noutputs\nY~", SLOT, size=8)
     arrow(ax, (8.45, 4.7), (8.85, 4.3))
     arrow(ax, (8.45, 3.4), (8.85, 3.8))
-    grid(10.35, 2.8, "combine C", "softmax along each\nrow: over slots", "row")
-    arrow(ax, (9.95, 4.05), (10.3, 4.05))
-    label(ax, 12.2, 4.05, "Y = C Y~\n(m, D):\neach token\nreads all\nslots", size=8, ha="left")
+    grid(10.25, 2.8, "combine C", "softmax along each\nrow: over slots", "row")
+    arrow(ax, (9.95, 4.05), (10.2, 4.05))
+    label(ax, 11.75, 4.05, "Y = C Y~\n(m, D): each\ntoken reads\nall slots", size=8, ha="left")
     label(ax, 6.5, 1.35, "Same logits X Phi (inputs and Phi L2-normalised, times a learned scale) for both weights. "
           "Every step is differentiable,\nno token is dropped, and an image's output depends only on its own "
           "tokens (one routing group per image).\nCompare Tokens Choice (each token picks k experts) and Experts "
@@ -302,15 +303,15 @@ def draw_06(ax):
     arrow(ax, (2.4, 4.3), (2.4, 3.6))
     # block on selected
     box(ax, 4.3, 3.3, 4.1, 2.4, color="#fafafa", dashed=True)
-    label(ax, 6.35, 5.45, "transformer block, on the C P chosen tokens only", size=8.5, style="italic")
+    label(ax, 6.35, 5.45, "block, on the C P chosen tokens only", size=8.5, style="italic")
     box(ax, 4.55, 4.25, 1.7, 0.8, "LN, attention\namong chosen", DENSE, size=8)
     box(ax, 6.5, 4.25, 1.7, 0.8, "LN, MLP", DENSE, size=8)
     arrow(ax, (6.25, 4.65), (6.5, 4.65))
     label(ax, 6.35, 3.65, "(each with its residual)", size=7.5)
     arrow(ax, (3.5, 3.15), (4.55, 4.45), "chosen (blue)", size=8, offset=(-0.35, 0.1))
-    box(ax, 8.85, 4.25, 1.75, 0.8, "standard: update\nx sigmoid(r_i): W_r's\ngradient; attention: as is", ROUTER,
-        size=7.5)
-    arrow(ax, (8.2, 4.65), (8.85, 4.65))
+    box(ax, 8.65, 4.15, 2.05, 1.0, "standard: update\nx sigmoid(r_i), W_r's\ngradient; attention:\nupdate as is",
+        ROUTER, size=7.5)
+    arrow(ax, (8.2, 4.65), (8.65, 4.65))
     box(ax, 10.85, 3.1, 1.45, 1.2, "scatter back\nto their\npositions", NORM, size=8)
     arrow(ax, (10.6, 4.65), (11.3, 4.3))
     # skip path
@@ -333,22 +334,22 @@ def draw_08(ax):
     label(ax, 1.9, 0.15, "dense checkpoint", size=9, weight="bold")
     x = 5.4
     box(ax, x - 0.25, 0.75, 7.45, 5.1, color="#fafafa", dashed=True)
-    label(ax, x + 3.45, 5.6, "upcycled block: every weight but the router copied from the dense one", size=9,
-          style="italic")
-    box(ax, x, 1.0, 6.9, 0.7, "LN -> self-attention -> +  (copied unchanged)", DENSE, size=9)
-    box(ax, x, 2.0, 6.9, 0.45, "LayerNorm (copied)", NORM, size=9)
-    arrow(ax, (x + 3.45, 1.7), (x + 3.45, 2.0))
-    box(ax, x, 2.75, 1.7, 0.9, "router\nnew, random init", ROUTER, size=8.5)
+    label(ax, x + 3.45, 5.55, "upcycled block: every weight but the router copied", size=9, style="italic")
+    box(ax, x, 1.0, 6.9, 0.6, "LN -> self-attention -> +  (copied unchanged)", DENSE, size=9)
+    box(ax, x, 1.85, 6.9, 0.4, "LayerNorm (copied)", NORM, size=9)
+    box(ax, x, 2.5, 6.9, 0.6, "router: new, random init -> TOP-k gates -> dispatch", ROUTER, size=9)
     for e in range(4):
-        ex = x + 2.0 + e * 1.25
-        box(ax, ex, 2.75, 1.1, 0.9, f"expert {e + 1}\n= MLP copy" if e < 3 else "...\nexpert E", EXPERT, size=8)
-        arrow(ax, (mlp[0] + 1.1, mlp[1] + 0.1), (ex + 0.55, 3.65), color="#b07020", bend=-0.25 + 0.04 * e)
-    label(ax, 4.2, 4.55, "copy the trained\nMLP E times", size=8.5, color="#b07020")
-    box(ax, x, 4.0, 6.9, 0.6, "TOP-k of the router's gates, dispatch, experts, combine, +", EXPERT, size=9)
-    arrow(ax, (x + 3.45, 2.45), (x + 3.45, 2.75))
-    arrow(ax, (x + 3.45, 3.65), (x + 3.45, 4.0))
-    label(ax, x + 3.45, 5.15, "Every expert starts as the same trained MLP, so the upcycled model starts from the "
-          "dense\nmodel's function; continued training teaches the router to split the tokens.", size=8.5)
+        ex = x + 0.3 + e * 1.7
+        box(ax, ex, 3.4, 1.4, 0.8, f"expert {e + 1}\n= MLP copy" if e < 3 else "...\nexpert E", EXPERT, size=8.5)
+        arrow(ax, (ex + 0.7, 3.1), (ex + 0.7, 3.4))
+        arrow(ax, (ex + 0.7, 4.2), (ex + 0.7, 4.5))
+    box(ax, x, 4.5, 6.9, 0.5, "combine (weighted by the gates), +", EXPERT, size=9)
+    for y0, y1 in ((1.6, 1.85), (2.25, 2.5)):
+        arrow(ax, (x + 3.45, y0), (x + 3.45, y1))
+    arrow(ax, (mlp[0] + 1.1, mlp[1]), (x + 0.25, 3.8), "copy the trained MLP\ninto every expert", color="#b07020",
+          size=8.5, offset=(0.0, 0.15))
+    label(ax, x + 3.45, 0.35, "The upcycled model starts from the dense model's function;\ncontinued training "
+          "teaches the router to split the tokens.", size=8.5)
 
 
 DIAGRAMS = {"02_moe_layer": draw_02, "03_vmoe_bpr": draw_03, "04_limoe": draw_04, "05_soft_moe": draw_05,

@@ -539,9 +539,10 @@ class WidgetNote(SphinxPostTransform):
 
 
 class FullSizeFigures(SphinxPostTransform):
-    """Link each figure of a chapter's output to its full-size image: the article column is narrower than many
-    figures (1390 px wide ones at 1280 px), so a click opens the image at its natural size. Runs after myst-nb
-    has picked the image output (its priority 4) and before the HTML builder copies images to ``_images``."""
+    """Link each figure of a chapter's output, and each architecture diagram (``_static/diagrams/``, on chapter
+    pages and the routers page), to its full-size image: the article column is narrower than many figures (1390
+    px wide ones at 1280 px), so a click opens the image at its natural size. Runs after myst-nb has picked the
+    image output (its priority 4) and before the HTML builder copies images to ``_images``."""
 
     default_priority = 5
     formats = ("html",)
@@ -549,7 +550,8 @@ class FullSizeFigures(SphinxPostTransform):
     def run(self, **kwargs) -> None:
         images_dir = relative_uri(self.app.builder.get_target_uri(self.env.docname), "_images")
         for image in list(self.document.findall(nodes.image)):
-            if isinstance(image.parent, nodes.reference) or not _in_cell_output(image):
+            diagram = "_static/diagrams/" in image["uri"]
+            if isinstance(image.parent, nodes.reference) or not (diagram or _in_cell_output(image)):
                 continue
             uri = image["uri"]
             if uri not in self.env.images:

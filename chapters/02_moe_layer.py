@@ -30,10 +30,9 @@
 #
 # ![Diagram: a pre-LN encoder block whose MLP is a sparse MoE layer; inside it a router, top-k, per-expert buffers, four experts and the combine step, with a dropped token riding the residual](../docs/_static/diagrams/02_moe_layer.svg)
 #
-# *Where this chapter's layer sits: it replaces the MLP of a pre-LN block. Inside, the router scores each token, top-k
-# picks its experts, each expert's buffer takes tokens up to its capacity, and the combine step adds the expert
-# outputs weighted by the gates; a token that finds its buffer full is dropped and rides the residual.*
-# [Routers side by side](../docs/routers.md) compares this chapter's routing with the other chapters'.
+# *The MoE layer replaces the MLP of a pre-LN block; a token whose expert's buffer is full is dropped and rides the
+# residual.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
 #
 # Chapter 1 ended with a remark: most of a ViT's parameters sit in the MLPs. A Mixture-of-Experts layer
 # keeps many MLPs -- the *experts* -- and lets every token use only a few of them. This chapter builds the

@@ -28,9 +28,9 @@
 #
 # ![Diagram: a V-MoE stack with MoE layers in every other block, and one group of eight tokens filling two buffers of three in batch order (vanilla) and in priority order (BPR)](../docs/_static/diagrams/03_vmoe_bpr.svg)
 #
-# *V-MoE puts an MoE layer in every other block. When the buffers are too small, the order decides who is dropped:
-# vanilla routing drops whoever comes late, BPR the tokens whose top gate is lowest.*
-# [Routers side by side](../docs/routers.md) compares this chapter's routing with the other chapters'.
+# *MoE layers in every other block; with small buffers, vanilla routing drops the late tokens, BPR the least confident
+# ones.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
 #
 # Chapter 2 built a sparse MoE layer. Here we put it into a Vision Transformer, as V-MoE does (Riquelme et
 # al. 2021): the MLP of every other block becomes a layer of E experts, each token goes to its top k of them,

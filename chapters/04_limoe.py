@@ -31,9 +31,9 @@
 #
 # ![Diagram: image patches and caption tokens embedded separately, one shared encoder with MoE layers, per-modality average pooling and projection, and the contrastive loss](../docs/_static/diagrams/04_limoe.svg)
 #
-# *One tower: image patches and text tokens pass through the same encoder and the same routers, and only their
-# embeddings, pooling and projections are per modality; the entropy losses act per modality on the routers.*
-# [Routers side by side](../docs/routers.md) compares this chapter's routing with the other chapters'.
+# *One encoder and one router per MoE layer for both modalities; only the embeddings, pooling and projections are per
+# modality.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
 #
 # Chapters 2 and 3 routed image patches. LIMoE (Mustafa et al., "Multimodal Contrastive Learning with LIMoE")
 # puts images *and* their captions through one and the same sparse MoE encoder and trains it contrastively,

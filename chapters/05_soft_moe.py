@@ -28,10 +28,9 @@
 #
 # ![Diagram: Soft MoE's logits, dispatch weights normalised over tokens, slots, two experts of two slots, and combine weights normalised over slots](../docs/_static/diagrams/05_soft_moe.svg)
 #
-# *Soft MoE's two softmaxes over one logit matrix: dispatch weights sum to 1 down each column (over the tokens),
-# making each slot an average of all tokens; combine weights sum to 1 along each row (over the slots), so each token
-# reads back all slot outputs.* [Routers side by side](../docs/routers.md) compares this chapter's routing with the
-# other chapters'.
+# *Dispatch weights: a softmax over the tokens (down each column); combine weights: a softmax over the slots (along
+# each row).*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
 #
 # Chapters 2 and 3 routed every token to a few experts and paid for it with buffers that overflow, dropped
 # tokens and a router that learns only through its gates. Soft MoE (Puigcerver et al., "From Sparse to Soft

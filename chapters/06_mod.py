@@ -24,9 +24,8 @@
 #
 # ![Diagram: an MoD block where a router scores the tokens, the top C times P pass through attention and MLP, and the others skip along the residual path](../docs/_static/diagrams/06_mod.svg)
 #
-# *An MoD block: the router (standard or attention) scores the tokens, the top C P of each image go through attention
-# and MLP, and the rest skip the block unchanged.* [Routers side by side](../docs/routers.md) compares this chapter's
-# routing with the other chapters'.
+# *Only the top C P tokens of each image go through an MoD block; the others skip it on the residual path.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
 #
 # The mixtures of experts of chapters 2-5 spend the same compute on every token and choose *which* MLP does
 # the work. Mixture-of-Depths (MoD; Raposo et al. 2024) asks a different question: does every token need

@@ -195,9 +195,15 @@ assert np.all(np.abs(grads.phi[...]) > 0) and abs(float(grads.scale[...])) > 0
 
 # %% [markdown]
 # **No dropped tokens, no imbalance.** Every token reads all slots (its combine weights sum to 1) and every
-# slot -- hence every expert -- gets exactly one average's worth of tokens. Compare Tokens Choice: the same
-# backbone with a top-1 router and buffers at capacity ratio 1 drops tokens whenever the router prefers some
-# experts (at initialisation already), and Experts Choice drops the tokens no expert picks.
+# slot -- hence every expert -- gets exactly one average's worth of tokens. Beside it, on the same backbone, a
+# Tokens Choice router (top-1, capacity ratio 1) and an Experts Choice one.
+#
+# <details><summary>Why the sparse routers drop tokens</summary>
+#
+# Tokens Choice drops tokens whenever the router prefers some experts (at initialisation already): their buffers
+# overflow. Experts Choice drops the tokens no expert picks.
+#
+# </details>
 
 # %%
 out = forward(layer, tokens)
@@ -298,10 +304,9 @@ assert max(change["Soft MoE"]) < 1e-5 and max(change["Tokens Choice"]) > 1e-3
 # </details>
 
 # %% [markdown]
-# **Predict the paper.** The paper's Fig. 3 (JFT-4B precision-at-1 and ImageNet 10-shot accuracy against
-# training cost) puts Soft MoE above Tokens Choice and Experts Choice, and all three above the dense ViT of equal
-# cost. Write that claim down. Then forecast the four models here, at equal FLOPs on 800 glyphs with 16 tokens
-# per image: which beat the dense model, and is Soft MoE first? Give a reason.
+# **Predict the paper.** The paper's Fig. 3 (JFT-4B and ImageNet 10-shot accuracy against training cost) puts
+# Soft MoE above Tokens and Experts Choice, and all three above the dense ViT of equal cost. Write that claim
+# down; then forecast the four models here: which beat the dense model, and is Soft MoE first? Give a reason.
 
 # %%
 # recorded runs: the table and spreads below read moe_course/results/glyphs.jsonl; FLOPs and parameters are computed
@@ -447,10 +452,10 @@ assert soft_test["accuracy"] >= 0.4, soft_test  # 0.52-0.77 in four runs (seeds 
 # </details>
 
 # %% [markdown]
-# **Predict the paper.** In the paper's Fig. 6 (left; ViT-S/16 with MoEs in its last two blocks, up to 4,096
-# experts) Soft MoE keeps improving as the experts grow, while Tokens and Experts Choice degrade past some number
-# of experts. Write that claim down. Then forecast the next plot, 4 to 64 experts here: which lines rise, which
-# fall, and where does Soft MoE sit against the dense model? Give a reason.
+# **Predict the paper.** In the paper's Fig. 6 (left; ViT-S/16, up to 4,096 experts) Soft MoE keeps improving as
+# the experts grow, while Tokens and Experts Choice degrade past some number. Write that claim down; then forecast
+# the next plot, 4 to 64 experts: which lines rise, which fall, and where is Soft MoE against the dense model?
+# Give a reason.
 
 # %%
 # recorded runs: moe_course/results/glyphs.jsonl, seed 0 with E experts at fixed slots
@@ -556,11 +561,12 @@ ax.legend(fontsize=8);
 # %% [markdown]
 # **Claim (Fig. 6, right): as E grows 32-fold, Tokens Choice's step time grows several times; Soft MoE's
 # grows far less -- but here it is not flat.** The paper has Soft MoE roughly constant up to 4,096 experts on
-# TPUs and Tokens Choice up to 3.9x. The assertion below checks what held on every machine we tried, with a
-# margin: Soft MoE within 1.6x, Tokens Choice at least 2x, and at least twice Soft MoE's growth.
+# TPUs and Tokens Choice up to 3.9x. The assertion below checks what held on every machine we tried.
 #
 # <details><summary>How sure are we?</summary>
 #
+# The assertion keeps a margin: Soft MoE within 1.6x, Tokens Choice at least 2x, and at least twice Soft MoE's
+# growth.
 # We ran this sweep 8 times on an idle 2-core machine (2026-11-24): Soft MoE grew 0.93x to 1.37x from E = 8 to
 # 256, Tokens Choice 3.2x to 4.1x, and Tokens Choice's growth was 2.5 to 3.8 times Soft MoE's. A CI run measured
 # 1.38x against 3.88x. Earlier runs, when the chapter was written, gave 0.92x and 1.08x against 2.6x and 3.2x;
@@ -661,11 +667,16 @@ assert all(ranks[s] <= s for s in ranks) and ranks[1] == 1 and ranks[16] > ranks
 # use one slot per expert and a number of slots of the order of the tokens (128 slots for ViT-S/16's 197
 # tokens). Halving the slots halves the experts' FLOPs but makes tokens share answers.
 #
-# **Causal decoders.** Every slot averages *all* tokens, so token 0's output depends on token 15. A language
-# model that predicts token t+1 from tokens 0..t must not see the future; a causal mask on D would do it, but
-# then early slots and early positions would be tied together, biasing which positions each expert learns
-# from (the paper's limitations section). We measure the dependence: the Jacobian of token 0's output with
-# respect to the last token.
+# **Causal decoders.** Every slot averages *all* tokens, so token 0's output depends on token 15 -- the future,
+# which a language model predicting token t+1 from tokens 0..t must not see. We measure the dependence: the
+# Jacobian of token 0's output with respect to the last token.
+#
+# <details><summary>Why a causal mask does not simply fix it</summary>
+#
+# A causal mask on D would hide the future, but then early slots and early positions would be tied together,
+# biasing which positions each expert learns from (the paper's limitations section).
+#
+# </details>
 
 # %%
 @nnx.jit

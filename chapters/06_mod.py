@@ -150,9 +150,14 @@ assert block_share[0.5] < 0.5 and block_share[0.125] < 0.125  # the claim: an Mo
 # But "keep the top K" is a step function of the scores: nudging `W_r` a little leaves the same tokens
 # selected, the loss does not change, and its gradient with respect to `W_r` is exactly zero. Eq. 2 fixes
 # this by multiplying each kept token's update by its score, `g_i = r_i`: the size of the update now depends
-# on `W_r`, and gradient flows. The library bounds the multiplier, `g_i = sigmoid(r_i)` (`mod_gate`): an
-# unbounded `r_i` can grow without limit and blow up the residual stream (a failure seen in public MoD code),
-# and the sigmoid keeps the ranking, hence the choice, unchanged.
+# on `W_r`, and gradient flows. The library bounds the multiplier, `g_i = sigmoid(r_i)` (`mod_gate`).
+#
+# <details><summary>Why bound the gate</summary>
+#
+# An unbounded `r_i` can grow without limit and blow up the residual stream (a failure seen in public MoD code);
+# the sigmoid keeps the ranking, hence the choice, unchanged.
+#
+# </details>
 #
 # Below, the library's pure routing functions with a stand-in for the block (`tanh` of a random linear map)
 # on 2 images of 8 tokens: the gradient of a loss with respect to `W_r`, without and with the multiplication.
@@ -253,9 +258,7 @@ assert set(kept_by_library) == set(np.argsort(-literal, kind="stable")[:mod_capa
 # `MoDViT` makes every second block an MoD block (blocks 1 and 3 here; block 0 stays dense, so the first MoD
 # block has maps to route on -- Raposo et al. and A-MoD alternate the same way), and `mod_from_vit` copies
 # every weight of the dense model into it bit for bit. With attention routing nothing else is needed. A
-# standard router is a new, randomly initialised `W_r` per MoD block (normal, std 0.02, like the ViT's
-# weights): its first choices are close to random, and its gates start near `sigmoid(0) = 1/2`, which halves
-# every kept token's update.
+# standard router is a new, randomly initialised `W_r` per MoD block (normal, std 0.02, like the ViT's weights).
 #
 # ## 4. Adapted without training (Table 3)
 #
@@ -322,10 +325,10 @@ assert no_training[("attention", 0.125)] >= no_training[("standard", 0.125)] + 0
 # evaluating the validation split as they go (step 0 is each model as adapted).
 
 # %% [markdown]
-# **Predict the paper.** The paper's Table 1 (ImageNet, DeiT-Ti to ViT-L, fine-tuned for 100 epochs) has A-MoD
-# at 50% capacity above both standard MoD and the isoFLOP ViT for all four models (DeiT-Ti: 71.8% against 69.78%
-# and 71.1%), and its Sec. 4.2 finds that A-MoD converges faster. Write that claim down. Then forecast the next
-# cell, 80 short steps on our 4-block model: in what order do the three end, and how far apart? Give a reason.
+# **Predict the paper.** The paper's Table 1 (ImageNet, fine-tuned for 100 epochs) has A-MoD at 50% capacity
+# above both standard MoD and the isoFLOP ViT for DeiT-Ti to ViT-L (DeiT-Ti: 71.8% against 69.78% and 71.1%).
+# Write that claim down; then forecast the next cell, 80 short steps: in what order do the three end, and how far
+# apart? Give a reason.
 
 # %%
 FT_CAPACITY = 0.5
@@ -487,10 +490,10 @@ for block in tuned["A-MoD"].config.mod_blocks():
 # adapted (the pretrained maps) and fine-tuned, the standard router fresh and fine-tuned.
 
 # %% [markdown]
-# **Predict the paper.** The paper's Sec. 4.4 puts a number on what its Fig. 6 shows: A-MoD's routing scores
-# correlate very highly with leave-one-out importance in every MoD layer (p-values below 1e-8), while standard
-# routing's correlate weakly, in some layers negatively. Write that claim down. Then forecast the four bars of
-# the next cell for our 36 tokens: the sign and rough size of each router's correlation. Give a reason.
+# **Predict the paper.** The paper's Sec. 4.4 puts a number on what its Fig. 6 shows: A-MoD's scores correlate
+# very highly with leave-one-out importance in every MoD layer (p-values below 1e-8), standard routing's weakly,
+# in some layers negatively. Write that claim down; then forecast the next cell's bars: the sign and rough size
+# of each router's correlation. Give a reason.
 
 # %%
 probe = digits.get("test", np.random.default_rng(0).permutation(digits.split_size("test"))[:64])
@@ -560,10 +563,9 @@ assert max(abs(value) for value in correlation.values()) < 0.3, correlation
 # </details>
 
 # %% [markdown]
-# **Predict the paper.** The paper's Fig. 28 (accuracy against throughput, batches of 100 images on an A100 GPU)
-# finds A-MoD faster, in images per second, than standard MoD and than the isoFLOP models. Write that claim down.
-# Then forecast the next cell on your CPU: does A-MoD at 50% capacity take about half the dense model's time,
-# and at 12.5% about an eighth? Give a reason.
+# **Predict the paper.** The paper's Fig. 28 (throughput on an A100 GPU) finds A-MoD faster, in images per
+# second, than standard MoD and the isoFLOP models. Write that claim down; then forecast the next cell on your
+# CPU: does A-MoD at 50% take about half the dense model's time, and at 12.5% an eighth? Give a reason.
 
 # %%
 batch = jnp.asarray(test_all["image"][:128])

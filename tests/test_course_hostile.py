@@ -22,9 +22,9 @@ pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -
 
 from course_submissions import SILENT_KERNEL, answered, write  # noqa: E402
 from moe_course.cli import main  # noqa: E402
-from moe_course.course.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
-from moe_course.course.collect import MAX_ID, student_id  # noqa: E402
-from moe_course.course.config import REPO  # noqa: E402
+from moe_course.course.inside.answers import DEFAULT_SEED, check_cases, load_checks  # noqa: E402
+from moe_course.course.instructor.collect import MAX_ID, student_id  # noqa: E402
+from moe_course.course.limits.config import REPO  # noqa: E402
 
 NAME = "00_tiny"
 ROOT = os.geteuid() == 0  # as in CI: the grader then drops each kernel to an unprivileged host uid
@@ -48,7 +48,7 @@ def probs(logits):
 # %% nbgrader={"grade": true, "grade_id": "probs_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 assert probs(np.zeros((1, 2))).shape == (1, 2)
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # SECRET-HIDDEN-TEST-TEXT
+import moe_course.course.inside.answers as _answers  # SECRET-HIDDEN-TEST-TEXT
 _answers.record("probs_tests", probs)
 ### END HIDDEN TESTS
 
@@ -61,14 +61,14 @@ def double(x):
 
 # %% nbgrader={"grade": true, "grade_id": "double_tests", "locked": true, "points": 1, "schema_version": 3, "solution": false, "task": false}
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers
+import moe_course.course.inside.answers as _answers
 _answers.record("double_tests", double)
 ### END HIDDEN TESTS
 '''
 CHECKS = '''"""The checks of the small assignment: inputs from the grading seed, references from the library."""
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 
 def _probs(logits):
@@ -478,7 +478,7 @@ def test_a_long_lms_name_is_graded_under_a_bounded_id_and_grades_csv_is_inert(gr
 
 
 def test_feedback_shows_what_a_student_injected_as_text(graded):
-    from moe_course.course.grade import feedback
+    from moe_course.course.instructor.grade import feedback
 
     written = feedback(graded["course"], NAME, ["injects_html", "good"])
     assert set(written) == {"injects_html", "good"} and _score(graded, "injects_html") == 3.0
@@ -613,7 +613,7 @@ def test_a_root_graders_kernel_is_an_unprivileged_host_user(graded):
     """No host sysctl written, no capability, the process limit held: bubblewrap's uid 65534 is an
     unprivileged host uid -- one of the --sandbox-uid range when the grader is root -- never host root (whose
     writes to /proc/sys succeed and whom the process limit does not bind)."""
-    from moe_course.course.sandbox import MAX_PROCESSES
+    from moe_course.course.limits.sandbox import MAX_PROCESSES
 
     assert _score(graded, "escapes") == 3.0
     printed = _outputs(graded, "escapes", "probs_answer")
@@ -634,7 +634,7 @@ def test_one_submission_cannot_fill_the_disks_of_others(graded):
 
 
 def test_what_the_kernel_floods_its_stdout_or_widgets_with_never_reaches_the_batch(graded):
-    from moe_course.course.guard import FILE_SIZE_BYTES
+    from moe_course.course.inside.guard import FILE_SIZE_BYTES
 
     assert _score(graded, "stdout_flood") == 3.0  # its stdout is a file of its own, capped by the file-size limit
     printed = _outputs(graded, "stdout_flood", "double_answer")
@@ -708,8 +708,8 @@ def test_a_bzip2_member_or_a_huge_error_record_is_not_read(graded):
 
 
 def test_a_giant_notebook_costs_only_its_own_row(graded):
-    from moe_course.course.bounded import MAX_NOTEBOOK_BYTES
-    from moe_course.course.grade import GRADES_FIELDS
+    from moe_course.course.limits.bounded import MAX_NOTEBOOK_BYTES
+    from moe_course.course.instructor.grade import GRADES_FIELDS
 
     giant = graded["grades"]["giant"]
     assert giant["status"] == "failed" and _score(graded, "giant") == 0.0, giant

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from course_submissions import SILENT_KERNEL
-from moe_course.course import build, grade, inputs
-from moe_course.course.answers import load_checks
-from moe_course.course.config import SOLUTIONS
+from moe_course.course.instructor import build, grade
+from moe_course.course.limits import inputs
+from moe_course.course.inside.answers import load_checks
+from moe_course.course.limits.config import SOLUTIONS
 
 CHECKS = sorted((SOLUTIONS / "checks").glob("*.py"))
 
@@ -28,7 +29,7 @@ def test_the_sandbox_gets_each_checks_file_without_its_references(checks, tmp_pa
     imported = {node.module for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.Import)
                  for alias in node.names}
-    assert imported <= {"numpy", "moe_course.course.answers"}, imported  # nothing of the course library
+    assert imported <= {"numpy", "moe_course.course.inside.answers"}, imported  # nothing of the course library
     build.check_inputs_only(checks)  # it loads, and draws the inputs the whole file draws
     (tmp_path / "inputs.py").write_text(stripped)
     assert all(check.reference is None for check in load_checks(tmp_path / "inputs.py").values())
@@ -53,7 +54,7 @@ def test_a_root_grader_drops_to_uids_that_belong_to_nobody():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs a root grader")
 def test_a_submissions_cgroup_caps_its_processes_together_and_is_removed():
-    from moe_course.course.budget import Cgroup
+    from moe_course.course.limits.budget import Cgroup
 
     group = Cgroup.create(f"moe-grade-test-{os.getpid()}", memory_bytes=256 * 2**20, processes=8)
     if group is None:
@@ -73,7 +74,7 @@ def test_a_submissions_cgroup_caps_its_processes_together_and_is_removed():
 
 def test_widget_messages_count_toward_the_output_cap():
     pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
-    from moe_course.course.output_cap import CappedExecute, OutputLimitError
+    from moe_course.course.limits.output_cap import CappedExecute, OutputLimitError
 
     executor = CappedExecute(output_bytes=1000)
     executor._sent = 0
@@ -89,7 +90,7 @@ def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_pa
 
     import nbformat
 
-    from moe_course.course.output_cap import CappedExecute, ReplyTimeoutError
+    from moe_course.course.limits.output_cap import CappedExecute, ReplyTimeoutError
 
     cells = [nbformat.v4.new_code_cell(SILENT_KERNEL)] + [nbformat.v4.new_code_cell("1 + 1") for _ in range(5)]
     executor = CappedExecute(timeout=3, answer_seconds=2, kernel_name="python3")
@@ -103,7 +104,7 @@ def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_pa
 # manager's control socket, which never reads).
 CONTROL_FLOOD = """import sys
 import nbformat
-from moe_course.course.output_cap import CappedExecute
+from moe_course.course.limits.output_cap import CappedExecute
 FLOOD = '''k = get_ipython().kernel
 def flood(stream, ident, parent):
     buffer = b"x" * (16 * 2**20)
@@ -130,7 +131,7 @@ def test_a_control_channel_flood_is_not_held_by_the_grading_process(tmp_path):
 
 
 def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp_path):
-    from moe_course.course.bounded import read_regular
+    from moe_course.course.limits.bounded import read_regular
 
     (tmp_path / "probs_tests.npz").mkdir()  # a folder named as a recorded answer
     os.mkfifo(tmp_path / "fifo")
@@ -145,19 +146,19 @@ def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp
 
 
 def test_the_error_column_shows_the_exceptions_message_not_its_raise_line():
-    from moe_course.course.worker import summarise_error
+    from moe_course.course.limits.worker import summarise_error
 
     log = ("Traceback (most recent call last):\n"
-           '  File ".../moe_course/course/output_cap.py", line 58, in process_message\n'
+           '  File ".../moe_course/course/limits/output_cap.py", line 58, in process_message\n'
            "    raise OutputLimitError(f\"the notebook's output passed the limit of {self.output_bytes} bytes \"\n"
-           "moe_course.course.output_cap.OutputLimitError: the notebook's output passed the limit of 1048576 bytes "
-           "(--max-output-mb); grading stopped at cell 4\n")
-    assert summarise_error(log) == ("moe_course.course.output_cap.OutputLimitError: the notebook's output passed the "
-                                    "limit of 1048576 bytes (--max-output-mb); grading stopped at cell 4")
+           "moe_course.course.limits.output_cap.OutputLimitError: the notebook's output passed the limit of "
+           "1048576 bytes (--max-output-mb); grading stopped at cell 4\n")
+    assert summarise_error(log) == ("moe_course.course.limits.output_cap.OutputLimitError: the notebook's output "
+                                    "passed the limit of 1048576 bytes (--max-output-mb); grading stopped at cell 4")
 
 
 def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path, monkeypatch):
-    from moe_course.course import worker
+    from moe_course.course.limits import worker
 
     def deep(*args):
         raise RecursionError("maximum recursion depth exceeded")
@@ -170,11 +171,11 @@ def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path,
 
 
 def test_what_a_killed_worker_left_is_removed_and_a_running_workers_is_kept(tmp_path):
-    from moe_course.course import budget
+    from moe_course.course.limits import budget
 
     ended = subprocess.Popen(["true"])
     ended.wait()
-    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "moe_course.course.worker"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "moe_course.course.limits.worker"])
     try:
         lost, kept = tmp_path / f"moe-grade-{ended.pid}-x1", tmp_path / f"moe-grade-{running.pid}-x2"
         (lost / "answers").mkdir(parents=True)
@@ -191,7 +192,7 @@ def test_what_a_killed_worker_left_is_removed_and_a_running_workers_is_kept(tmp_
 
 
 def test_a_tree_deeper_than_python_recurses_is_removed(tmp_path):
-    from moe_course.course.budget import remove_tree
+    from moe_course.course.limits.budget import remove_tree
 
     deep = tmp_path / "scratch"
     subprocess.run(["mkdir", "-p", str(deep / "/".join(["d"] * 1500))], check=True)  # os.makedirs recurses
@@ -207,7 +208,8 @@ def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_p
     base = Path(tempfile.mkdtemp(prefix="moe-grade-locked-", dir="/tmp"))
     if plain:
         os.chown(base, 65534, 65534)
-    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.budget import remove_tree\n"
+    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\n"
+              "from moe_course.course.limits.budget import remove_tree\n"
               "scratch = sys.argv[1] + '/scratch'\nos.makedirs(scratch + '/locked/inner')\n"
               "open(scratch + '/locked/inner/data', 'wb').write(bytes(2**20))\n"
               "os.chmod(scratch + '/locked/inner', 0)\nos.chmod(scratch + '/locked', 0)\n"
@@ -223,7 +225,7 @@ def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_p
 
 def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp_path, capsys):
     from moe_course.cli import main
-    from moe_course.course import budget
+    from moe_course.course.limits import budget
 
     each = budget.submission_bytes(6144 * 2**20)
     assert each == (6144 + 512 + 512) * 2**20  # the kernel's memory, its scratch tmpfs, /tmp and /dev/shm
@@ -243,7 +245,7 @@ def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp
 def test_the_jobs_check_reads_the_memory_limit_of_every_ancestor_cgroup(version, tmp_path, monkeypatch):
     """An unlimited cgroup below a parent limited to 4 GiB (a systemd slice, a container): 3 x (6144 + 1024) MiB
     is refused, naming the parent; the machine's MemTotal and MemAvailable are bounds too."""
-    from moe_course.course import budget
+    from moe_course.course.limits import budget
 
     mount, unlimited = tmp_path / "cgroup", "max" if version == "v2" else str(2**63 - 4096)
     own = mount / "grading.slice" / "grader"
@@ -275,7 +277,7 @@ def test_recorded_answers_are_read_only_within_bounds(tmp_path):
 
     import numpy as np
 
-    from moe_course.course import verdict
+    from moe_course.course.limits import verdict
 
     wants = [(np.zeros(5),)]
     array = io.BytesIO()
@@ -301,7 +303,7 @@ def test_recorded_answers_are_read_only_within_bounds(tmp_path):
 
 
 def test_the_submission_folder_copied_into_the_sandbox_is_bounded(tmp_path, monkeypatch):
-    from moe_course.course import sandbox
+    from moe_course.course.limits import sandbox
 
     monkeypatch.setattr(sandbox, "MAX_COPY_DEPTH", 3)
     home = tmp_path / "home"
@@ -319,7 +321,7 @@ def test_a_root_grader_where_mounts_are_withheld_still_grades_in_the_sandbox(tmp
     """As in a container without CAP_SYS_ADMIN: no scratch tmpfs, and the kernel's uid still reaches its folders."""
     pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
     from moe_course.cli import main
-    from moe_course.course import budget, sandbox
+    from moe_course.course.limits import budget, sandbox
 
     if sandbox.unavailable(grade.SANDBOX_UID):
         pytest.skip(sandbox.unavailable(grade.SANDBOX_UID))

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from moe_course.cli import main  # noqa: E402
-from moe_course.course import build  # noqa: E402
-from moe_course.course.build import SECRET_MARKERS, assignment_names  # noqa: E402
+from moe_course.course.instructor import build  # noqa: E402
+from moe_course.course.instructor.build import SECRET_MARKERS, assignment_names  # noqa: E402
 from test_chapters import WITHOUT_ASSIGNMENT  # noqa: E402  (chapters with no assignment, and why)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,8 @@ def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
 
 
 def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tmp_path, capsys, monkeypatch):
-    from moe_course.course import grade, sandbox
+    from moe_course.course.instructor import grade
+    from moe_course.course.limits import sandbox
 
     course = tmp_path / "course"
     (course / "release" / "01_vit").mkdir(parents=True)
@@ -85,12 +86,13 @@ def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tm
     assert said == ["moe-course course autograde: memory is capped per process only (no cgroup per submission: grade "
                     "as root for one): each of a submission's up to 512 processes may take 2048 MiB (--memory-mb), "
                     "and memfd files, which count against no process, 64 MiB each with 1024 open per process"], said
-    assert "moe_course.course.kernel" in (course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
+    kernelspec = course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json"
+    assert "moe_course.course.inside.kernel" in kernelspec.read_text()
     record = (course / "gradebooks" / "01_vit" / "ann.json").read_text()
     assert '"sandbox": "none (--no-sandbox)"' in record
 
 
-CHECKS_HEADER = "import numpy as np\n\nfrom moe_course.course.answers import Check\n\n\n"
+CHECKS_HEADER = "import numpy as np\n\nfrom moe_course.course.inside.answers import Check\n\n\n"
 ONE_ANSWER = "CHECKS = {'double_tests': Check(lambda rng: [(rng.normal(size=5),)], lambda x: 2 * x)}\n"
 TWO_ANSWERS = ("CHECKS = {'double_tests': Check(lambda rng: [(rng.normal(size=5),)], lambda x: (x - 1, 2 * x),\n"
                "                              call=lambda functions, x: (functions[0](x), functions[1](x)))}\n")
@@ -182,7 +184,7 @@ def test_a_helper_that_holds_a_solution_functions_code_is_refused_whatever_its_s
 
 
 def test_shared_code_matches_renamed_variables_not_small_idioms():
-    from moe_course.course import shared_code
+    from moe_course.course.instructor import shared_code
 
     answer, = shared_code.functions("def f(logits):\n    '''Doc.'''\n    z = np.exp(logits - logits.max(axis=-1))\n"
                                     "    return z / z.sum(axis=-1, keepdims=True)\n").values()

@@ -1,4 +1,4 @@
-"""Grade one student's submission of one assignment, in its own process (``moe_course.course.grade`` runs
+"""Grade one student's submission of one assignment, in its own process (``moe_course.course.instructor.grade`` runs
 one per submission, in parallel, each with a wall-clock limit).
 
 The worker grades into its own copy of the master gradebook (``gradebooks/<assignment>/<student>.db``), so
@@ -9,7 +9,7 @@ never write the same database. It writes ``gradebooks/<assignment>/<student>.jso
 ``bounded``'s limits is not parsed at all: its row fails with the reason. A failed
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
-Command line: ``python -m moe_course.course.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
+Command line: ``python -m moe_course.course.limits.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
 STUDENT, CELL_TIMEOUT, MEMORY_BYTES, CPU_SECONDS, OUTPUT_BYTES and NOTEBOOK_BYTES.
 """
 
@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
-from moe_course.course.config import Limits, checks_file, course_paths, nbgrader_config
-from moe_course.course.kernel import KERNEL_NAME
-from moe_course.course.sandbox import MAX_PROCESSES, SANDBOX_CHECKS_ENV, SANDBOX_UID_ENV, SCRATCH_ENV
-from moe_course.course.verdict import VERDICTS_ENV
+from moe_course.course.inside.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
+from moe_course.course.limits.config import Limits, checks_file, course_paths, nbgrader_config
+from moe_course.course.inside.kernel import KERNEL_NAME
+from moe_course.course.limits.sandbox import MAX_PROCESSES, SANDBOX_CHECKS_ENV, SANDBOX_UID_ENV, SCRATCH_ENV
+from moe_course.course.limits.verdict import VERDICTS_ENV
 
 NO_OWN_SCRATCH = ("this grader is not root and cannot create a user namespace, in which each submission gets a "
                   "scratch tmpfs of its own; grading on the shared TMPDIR is refused (one submission could fill it "
@@ -99,7 +99,7 @@ def oversized_notebook(course_dir: Path, assignment: str, student: str, limit: i
     """Why a notebook of the submission is too large to be parsed in this process (``bounded.read_notebook``:
     more than ``limit`` bytes, or JSON arrays and objects past the limit, with the numbers), or None. Checked
     before nbgrader reads it: this process is outside the submission's cgroup."""
-    from moe_course.course.bounded import NotebookTooLarge, read_notebook
+    from moe_course.course.limits.bounded import NotebookTooLarge, read_notebook
 
     for notebook in sorted((course_paths(course_dir)["submitted"] / student / assignment).glob("*.ipynb")):
         try:
@@ -138,9 +138,9 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     """
     from nbgrader.apps import NbGraderAPI
 
-    from moe_course.course import budget
-    from moe_course.course.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
-    from moe_course.course.inputs import inputs_only
+    from moe_course.course.limits import budget
+    from moe_course.course.limits.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
+    from moe_course.course.limits.inputs import inputs_only
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     A worker that is not root, and not yet on a scratch tmpfs of its own, first re-runs itself in a user and
     mount namespace of its own (``budget.own_scratch_command``), where it mounts one; where this host allows no
     user namespace it does not grade on the shared TMPDIR but fails the row with the reason (NO_OWN_SCRATCH)."""
-    from moe_course.course import budget
+    from moe_course.course.limits import budget
 
     arguments = list(sys.argv[1:] if argv is None else argv)
     course_dir, assignment, student, cell_timeout, memory, cpu, output, notebook = arguments
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             if not budget.can_own_scratch():
                 raise OSError(NO_OWN_SCRATCH)
             os.environ[budget.SCRATCH_TMPFS_ENV] = "1"
-            command = budget.own_scratch_command([sys.executable, "-m", "moe_course.course.worker", *arguments])
+            command = budget.own_scratch_command([sys.executable, "-m", "moe_course.course.limits.worker", *arguments])
             os.execvp(command[0], command)
         record = grade_submission(Path(course_dir), assignment, student, limits)
     except Exception as error:  # RecursionError, MemoryError and OSError included

@@ -1,6 +1,6 @@
 """One resource budget per submission, enforced by the Linux kernel: a cgroup, and a size-limited scratch folder.
 
-The grading worker (``moe_course.course.worker``) creates the budget before its kernel starts and removes it
+The grading worker (``moe_course.course.limits.worker``) creates the budget before its kernel starts and removes it
 after; the sandbox launcher moves itself into the cgroup before it becomes bubblewrap, so the kernel and
 everything it starts are counted together:
 
@@ -184,9 +184,9 @@ def _cgroup_parents() -> list[Path]:
 
 
 def _worker_runs(pid: int) -> bool:
-    """Whether process ``pid`` is a running grading worker (``python -m moe_course.course.worker``)."""
+    """Whether process ``pid`` is a running grading worker (``python -m moe_course.course.limits.worker``)."""
     try:
-        return b"moe_course.course.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"moe_course.course.limits.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -341,7 +341,7 @@ def machine_memory_bytes() -> int:
 def per_process_only(memory_bytes: int) -> str:
     """The one line a batch prints where no cgroup caps a submission as a whole (a grader that is not root, or
     a host that lets it create none): what ``memory_bytes`` per process then allows one submission to hold."""
-    from moe_course.course.guard import FILE_SIZE_BYTES
+    from moe_course.course.inside.guard import FILE_SIZE_BYTES
 
     return (f"memory is capped per process only (no cgroup per submission: grade as root for one): each of a "
             f"submission's up to {MAX_PROCESSES} processes may take {memory_bytes // 2**20} MiB (--memory-mb), and "

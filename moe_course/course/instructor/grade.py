@@ -1,9 +1,9 @@
 """Autograde a whole class in one batch, write feedback and export the grades (nbgrader's Python API).
 
-Every submission is graded by its own process (``moe_course.course.worker``) in its own session, at most
-``jobs`` at a time, each under a wall-clock limit, with the grading kernel of ``moe_course.course.kernel``
-in the bubblewrap sandbox of ``moe_course.course.sandbox`` (resource limits, file policy, restored modules) and nbgrader's per-cell timeout. Whatever one submission
-does -- loop forever, exit, crash its kernel, exhaust memory, edit the tests, or not be a notebook at all --
+Every submission is graded by its own process (``moe_course.course.limits.worker``) in its own session, at most
+``jobs`` at a time, each under a wall-clock limit, with the grading kernel of ``moe_course.course.inside.kernel``
+in the bubblewrap sandbox of ``moe_course.course.limits.sandbox`` (resource limits, file policy, restored
+modules) and nbgrader's per-cell timeout. Whatever one submission does -- loop forever, exit, crash its kernel, exhaust memory, edit the tests, or not be a notebook at all --
 it ends with a record for that student and cannot touch the grade of another: there is no shared process
 and no shared database to corrupt. A submission whose kernel dies is marked "failed" with the reason and
 scores 0 until a human regrades it.
@@ -26,13 +26,13 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from moe_course.course import budget
-from moe_course.course import feedback as feedback_pages
-from moe_course.course import sandbox as bubblewrap
-from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
-from moe_course.course.flags import scan_notebook
-from moe_course.course.kernel import write_kernelspec
-from moe_course.course.worker import record_paths
+from moe_course.course.inside.kernel import write_kernelspec
+from moe_course.course.instructor import feedback as feedback_pages
+from moe_course.course.instructor.flags import scan_notebook
+from moe_course.course.limits import budget
+from moe_course.course.limits import sandbox as bubblewrap
+from moe_course.course.limits.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
+from moe_course.course.limits.worker import record_paths
 
 SANDBOX_UID = 60000  # the first host uid of a root grader's kernels (as isolate, the IOI sandbox, uses)
 GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags", "sandbox")
@@ -58,7 +58,7 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
         db, result = record_paths(course_dir, assignment, student)
         result.parent.mkdir(parents=True, exist_ok=True)
         result.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment,
+        command = [sys.executable, "-m", "moe_course.course.limits.worker", str(Path(course_dir).resolve()), assignment,
                    student, str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds),
                    str(limits.output_bytes), str(limits.notebook_bytes)]
         env = grading_env(course_dir)
@@ -132,7 +132,7 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     """Grade ``students`` (default: everyone in ``submitted/``) of ``assignment``, ``jobs`` at a time.
 
     The assignment must have been released into ``course_dir`` (``build.release``). Every kernel runs in
-    bubblewrap (``moe_course.course.sandbox``) unless ``sandbox`` is False, which each record then says in
+    bubblewrap (``moe_course.course.limits.sandbox``) unless ``sandbox`` is False, which each record then says in
     its ``sandbox`` field. Run as root, the grader runs each kernel as an unprivileged host uid, one of
     ``jobs`` from ``sandbox_uid`` on (``sandbox_uids``), in a cgroup and on a tmpfs of its own (``budget``).
     Where no cgroup holds (not root, or a host that gives none), one line on stderr says so before grading
@@ -192,7 +192,7 @@ def feedback(course_dir: Path, assignment: str, students=None, *,
              seconds: int = feedback_pages.FEEDBACK_SECONDS) -> dict[str, Path]:
     """HTML feedback per graded student (default: every submitted one; those not graded are left out), without
     the hidden tests (their text is cleared from the cells, their tracebacks cut to one line), made inert by
-    ``moe_course.course.feedback``: the whole page cleaned by an allow-list sanitizer (nh3) and headed by a
+    ``moe_course.course.instructor.feedback``: the whole page cleaned by an allow-list sanitizer (nh3) and headed by a
     Content-Security-Policy, so the file the instructor opens runs no script and requests nothing, whatever
     the notebook held; oversized markup is replaced by a notice, and a student whose page takes longer than
     ``seconds`` gets a one-line "feedback skipped: ..." page instead. Returns {student: html path}.

@@ -33,7 +33,7 @@ def course(tmp_path, monkeypatch):
 def _replay(monkeypatch, outcomes):
     calls = []
 
-    def autograde(course_dir, assignment, student, limits, db, seed):
+    def autograde(course_dir, assignment, student, limits, db, seed, group=None):
         calls.append(student)
         return outcomes[len(calls) - 1]
 

@@ -5,7 +5,8 @@ The worker grades into its own copy of the master gradebook (``gradebooks/<assig
 a crash, a kill or a hostile submission can only ever lose that one student's record, and parallel workers
 never write the same database. It writes ``gradebooks/<assignment>/<student>.json``: status ("graded" or
 "failed"), the error if any, seconds, score, max_score, the score of every grade cell and
-``worker_max_rss_mib``, the peak memory this process (outside the submission's cgroup) took. A notebook over
+``worker_max_rss_mib``, the peak memory this process took (a root batch's worker runs in its submission's
+cgroup, ``budget.worker_cgroup``, limited to ``budget.WORKER_BYTES``). A notebook over
 ``bounded``'s limits is not parsed at all: its row fails with the reason. A failed
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
@@ -61,8 +62,9 @@ def submission_scores(db: Path, assignment: str, student: str) -> dict:
         return {"score": submission.score, "max_score": submission.max_score, "cells": cells}
 
 
-def grade_submission(course_dir: Path, assignment: str, student: str, limits: Limits) -> dict:
-    """Autograde one submission into its own gradebook copy; returns (and writes) its result record.
+def grade_submission(course_dir: Path, assignment: str, student: str, limits: Limits, group=None) -> dict:
+    """Autograde one submission into its own gradebook copy; returns (and writes) its result record. ``group``:
+    the submission's ``budget.Cgroup`` this worker runs in (``budget.worker_cgroup``), or None.
 
     A kernel that never answered at start-up (before any submitted code ran, so never the student's doing)
     is started once more; the record's error then says so if that failed too.
@@ -78,7 +80,7 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
         result_path.write_text(json.dumps(record, indent=1))
         return record
     for attempt in range(1, KERNEL_STARTS + 1):
-        outcome = _autograde(course_dir, assignment, student, limits, db, seed)
+        outcome = _autograde(course_dir, assignment, student, limits, db, seed, group)
         log = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
         if outcome["success"] or not any(sign in log for sign in KERNEL_START_FAILURES):
             break
@@ -122,7 +124,8 @@ def max_rss_mib() -> float:
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int) -> dict:
+def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int,
+               group=None) -> dict:
     """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
 
     The kernel gets the checks without their references (``inputs.inputs_only``). The kernel's sockets, the
@@ -130,7 +133,8 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     ``verdict.score_outside`` after the kernel ended), its stdout/stderr and (in the sandbox) its private copy
     of the submission's folder live in a scratch folder of this process's own, removed afterwards. Where the
     batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), the kernel runs in a cgroup of
-    its own where the host allows one. The scratch folder is a tmpfs of ``budget.SCRATCH_BYTES`` wherever
+    its own where the host allows one: the child "kernel" of the submission's ``group`` this worker runs in, or
+    without one (a worker not started by a root batch) ``moe-grade-<pid>``. The scratch folder is a tmpfs of ``budget.SCRATCH_BYTES`` wherever
     ``budget.SCRATCH_TMPFS_ENV`` is set: by a root batch that found it can be mounted, or by ``main`` for a
     worker that is not root (in its own user namespace); both are gone afterwards.
     The checks' inputs are drawn from ``seed`` (random per submission), so answers computed before grading
@@ -152,8 +156,9 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
             mounted = True
         if uid is not None:
             scratch.chmod(0o711)  # the sandbox's uid reaches its own folders here, and lists none of them
-            cgroup = Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
-                                   processes=MAX_PROCESSES)
+            cgroup = (group.child("kernel", memory_bytes=limits.memory_bytes, processes=MAX_PROCESSES) if group
+                      else Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
+                                         processes=MAX_PROCESSES))
         for folder in ("ipc", "answers"):
             (scratch / folder).mkdir()
             if uid is not None:
@@ -197,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
 
     A worker that is not root, and not yet on a scratch tmpfs of its own, first re-runs itself in a user and
     mount namespace of its own (``budget.own_scratch_command``), where it mounts one; where this host allows no
-    user namespace it does not grade on the shared TMPDIR but fails the row with the reason (NO_OWN_SCRATCH)."""
+    user namespace it does not grade on the shared TMPDIR but fails the row with the reason (NO_OWN_SCRATCH).
+    A worker of a root batch that found cgroups (``budget.WORKER_CGROUP_ENV``) first moves into its submission's
+    cgroup (``budget.worker_cgroup``); the batch removes that cgroup after the worker ended."""
     from moe_course.course.limits import budget
 
     arguments = list(sys.argv[1:] if argv is None else argv)
@@ -211,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             os.environ[budget.SCRATCH_TMPFS_ENV] = "1"
             command = budget.own_scratch_command([sys.executable, "-m", "moe_course.course.limits.worker", *arguments])
             os.execvp(command[0], command)
-        record = grade_submission(Path(course_dir), assignment, student, limits)
+        group = budget.worker_cgroup(limits.memory_bytes) if os.environ.get(budget.WORKER_CGROUP_ENV) else None
+        record = grade_submission(Path(course_dir), assignment, student, limits, group)
     except Exception as error:  # RecursionError, MemoryError and OSError included
         record = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0,
                   "max_score": None, "cells": {}, "seconds": None,

@@ -764,10 +764,11 @@ def test_200_busy_shells_of_one_submission_slow_another_by_at_most_2x():
 
 
 @pytest.mark.skipif(not ROOT, reason="making a cgroup needs a root grader (test_course_limits mocks one for all)")
-def test_an_unlimited_cgroup_under_a_limited_parent_is_refused_at_the_jobs_check(tmp_path):
-    """The grader runs in a real cgroup without a memory limit, below a parent limited to 4 GiB (a systemd
-    slice, a container): ``autograde --jobs 3 --memory-mb 6144`` is refused before grading, in one line naming
-    the sum's terms and the parent's limit."""
+def test_an_unlimited_cgroup_under_a_limited_parent_is_refused_at_the_jobs_check():
+    """A grader process in a real cgroup without a memory limit, below a parent limited to 4 GiB (a systemd
+    slice, a container): the jobs x memory check of ``autograde --jobs 3 --memory-mb 6144`` (``budget.fits``, which
+    the command runs before grading; test_course_limits runs the command) refuses in one line naming the sum's
+    terms and the parent's limit."""
     from moe_course.course.limits import budget
 
     parent = budget.Cgroup.create(f"moe-hostile-slice-{os.getpid()}", memory_bytes=4 * 2**30, processes=256)
@@ -776,20 +777,19 @@ def test_an_unlimited_cgroup_under_a_limited_parent_is_refused_at_the_jobs_check
     try:
         for folder in parent.folders:
             (folder / "grader").mkdir()  # no limit of its own
-        grader = budget.Cgroup([folder / "grader" for folder in parent.folders])
-        argv = ["course", "autograde", NAME, "--course-dir", str(tmp_path), "--jobs", "3", "--memory-mb", "6144"]
+        grader = [folder / "grader" for folder in parent.folders]
         # the grader joins the cgroup first thing (no preexec_fn: this test process runs JAX's threads)
-        script = (f"from moe_course.course.limits.budget import Cgroup\nCgroup({grader.folders!r}).join()\n"
-                  f"from moe_course.cli import main\nraise SystemExit(main({argv!r}))")
-        done = subprocess.run([sys.executable, "-c", "from pathlib import PosixPath\n" + script], capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+        script = (f"from pathlib import PosixPath\nfrom moe_course.course.limits import budget\n"
+                  f"budget.Cgroup({grader!r}).join()\nbudget.fits(3, 6144 * 2**20)")
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "PYTHONPATH": str(REPO)})
     finally:
         parent.remove()
     limited = next(folder for folder in parent.folders if "memory" in str(folder))
-    said = done.stderr.strip()
-    assert done.returncode == 2 and "\n" not in said, said
+    said = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 1 and said.startswith("ValueError: "), done.stderr
     # the parent, or (cgroup v1) the grader's own, whose hierarchical_memory_limit is the parent's
-    assert re.fullmatch(re.escape("moe-course course: error: --jobs 3 x (6144 MiB --memory-mb + 1024 MiB of tmpfs + "
-                                  "1024 MiB for the grading worker per submission) = 24576 MiB is more than the "
-                                  f"memory limit of cgroup {limited}") + "(/grader)?"
-                        + re.escape(": 4096 MiB: not one submission fits"), said), said
+    assert re.fullmatch(re.escape("ValueError: --jobs 3 x (6144 MiB --memory-mb + 1024 MiB of tmpfs + 1024 MiB for "
+                                  "the grading worker per submission) = 24576 MiB is more than the memory limit of "
+                                  f"cgroup {limited}") + "(/grader)?" + re.escape(": 4096 MiB: not one submission "
+                                                                                  "fits"), said), said

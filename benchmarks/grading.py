@@ -6,6 +6,12 @@ with ``--no-sandbox``; prints wall seconds per submission, the sandbox's cost as
 of 200 would take at the same ``--jobs`` on this machine. Every submission must score full marks.
 
     python benchmarks/grading.py --assignment 02_moe_layer --students 8 --jobs 2
+
+``--cpu-attack`` (a root grader's cgroups) measures instead what one submission's 200 busy shells cost another:
+a victim's fixed CPU work timed alone and beside them, each in a submission cgroup of its own as a root batch's
+worker makes one (``budget.worker_cgroup``: equal CPU weight), in ``--rounds`` turns:
+
+    python benchmarks/grading.py --cpu-attack --rounds 7
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import csv
 import json
 import os
 import platform
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -65,14 +73,83 @@ def run(name: str, students: int, jobs: int) -> dict[str, float]:
                 for mode in ("bwrap", "none")}
 
 
+WORKER_MARK = "moe_course.course.limits.worker"  # in a helper's argv: a concurrent batch keeps its cgroup
+IN_SUBMISSION_CGROUP = ("import sys\nfrom moe_course.course.limits import budget\n"
+                        "if budget.worker_cgroup(2**30) is None:\n    sys.exit(3)\n")
+VICTIM_LOOP = ("import time\nstart = time.perf_counter()\ntotal = 0\nfor i in range(3 * 10**6):\n    total += i\n"
+               "print(time.perf_counter() - start)")
+BUSY_SHELLS = 200
+# one shell forks the 200 (cheap), each of which waits 2 s before it spins: starting them is not slowed by those
+# already spinning
+ATTACKER = ("import subprocess, time\nsubprocess.Popen(['sh', '-c', 'for i in $(seq %d); do (sleep 2; while :; do :; "
+            "done) & done; wait'])\nprint('ready', flush=True)\ntime.sleep(300)" % BUSY_SHELLS)
+NO_CGROUPS = "this host lets no process create cgroups (a root grader's)"
+
+
+def _in_submission_cgroup(script: str) -> subprocess.Popen:
+    """A process that moves into a submission cgroup of its own (``budget.worker_cgroup``, as a root batch's
+    worker does) and then runs ``script``."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    return subprocess.Popen([sys.executable, "-c", IN_SUBMISSION_CGROUP + script, WORKER_MARK], env=env,
+                            stdout=subprocess.PIPE, text=True)
+
+
+def _victim_seconds() -> float:
+    from moe_course.course.limits import budget
+
+    victim = _in_submission_cgroup(VICTIM_LOOP)
+    said, _ = victim.communicate(timeout=300)
+    budget.remove_leftovers(Path(tempfile.gettempdir()), pids=[victim.pid])
+    if victim.returncode == 3:
+        raise OSError(NO_CGROUPS)
+    assert victim.returncode == 0, said
+    return float(said)
+
+
+def cpu_attack(rounds: int) -> tuple[list[float], list[float]]:
+    """(victim seconds alone, victim seconds beside BUSY_SHELLS busy shells), ``rounds`` of each in turns, every
+    process in a submission cgroup of its own. Raises OSError where no cgroup can be made (not root)."""
+    from moe_course.course.limits import budget
+
+    alone, beside = [], []
+    for _ in range(rounds):
+        alone.append(_victim_seconds())
+        attacker = _in_submission_cgroup(ATTACKER)
+        try:
+            if attacker.stdout.readline().strip() != "ready":
+                raise OSError(NO_CGROUPS)
+            time.sleep(3)  # every shell spins
+            beside.append(_victim_seconds())
+        finally:
+            attacker.kill()
+            attacker.wait()
+            budget.remove_leftovers(Path(tempfile.gettempdir()), pids=[attacker.pid])  # the shells with it
+    return alone, beside
+
+
+def median(values: list[float]) -> float:
+    """The middle value (the upper one of an even count)."""
+    return sorted(values)[len(values) // 2]
+
+
 def cli(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--assignment", default="02_moe_layer")
     parser.add_argument("--students", type=int, default=8, help="full solutions graded per mode")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--cpu-attack", action="store_true", help="time a victim beside 200 busy shells (root)")
+    parser.add_argument("--rounds", type=int, default=5, help="--cpu-attack: victim runs alone and beside each")
     args = parser.parse_args(argv)
-    if args.students < 1 or args.jobs < 1:
-        raise SystemExit(f"--students={args.students} and --jobs={args.jobs} must be positive integers")
+    if args.students < 1 or args.jobs < 1 or args.rounds < 1:
+        raise SystemExit(f"--students={args.students}, --jobs={args.jobs} and --rounds={args.rounds} must be "
+                         "positive integers")
+    if args.cpu_attack:
+        alone, beside = cpu_attack(args.rounds)
+        print(f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, load average "
+              f"{os.getloadavg()[0]:.1f}; victim alone {[round(s, 2) for s in alone]} s, beside {BUSY_SHELLS} busy "
+              f"shells {[round(s, 2) for s in beside]} s")
+        print(f"  beside / alone (medians): {median(beside) / median(alone):.2f}x")
+        return
     per = run(args.assignment, args.students, args.jobs)
     print(f"{args.assignment}, {args.students} submissions per mode, --jobs {args.jobs}, {os.cpu_count()} CPUs, "
           f"{platform.processor() or platform.machine()}, load average {os.getloadavg()[0]:.1f}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from moe_course.configs import PRESETS
 from moe_course import selfcheck
-from moe_course.course import cli as course_cli
+from moe_course.course.instructor import cli as course_cli
 from moe_course.configs.vmoe import ALLOCATIONS, PRIORITIES
 from moe_course.routing.mod import MOD_ROUTERS
 from moe_course.data.base import DataError

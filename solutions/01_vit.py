@@ -40,7 +40,7 @@ assert patches.shape == (2, 4, 48), f"expected shape (2, 4, 48), got {patches.sh
 assert np.array_equal(patches[0, 1], images[0, :4, 4:8].reshape(-1)), "patch 1 is the top-right 4x4 block"
 print("ok: patchify gives shape (2, 4, 48) and patch 1 is the top-right block")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.models.vit
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.models.vit
 _answers.record("patchify_tests", patchify)
 ### END HIDDEN TESTS
 
@@ -68,7 +68,7 @@ assert tokens.shape == (2, 4, 5), f"expected shape (2, 4, 5), got {tokens.shape}
 assert np.allclose(tokens[1, 2], np.einsum("ijc,ijcw->w", images[1, 4:8, :4], kernel)), "token 2 = bottom-left patch"
 print("ok: embed_patches gives shape (2, 4, 5) and token 2 is the bottom-left patch times the kernel")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.models.vit
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.models.vit
 _answers.record("embed_tests", embed_patches)
 ### END HIDDEN TESTS
 
@@ -96,7 +96,7 @@ assert back.shape == wide.shape, f"expected shape {wide.shape}, got {back.shape}
 assert np.array_equal(back, wide), "unpatchify(patchify(images)) must give the images back"
 print("ok: unpatchify undoes patchify on a 6x9 image of 3x3 patches")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader inverts moe_course.models.vit.patchify
+import moe_course.course.inside.answers as _answers  # the grader inverts moe_course.models.vit.patchify
 _answers.record("unpatchify_tests", unpatchify)
 ### END HIDDEN TESTS
 
@@ -120,6 +120,6 @@ computed = patchify(np.zeros((8, 224, 160, 3)), 16).shape
 assert tuple(PREDICTED_SHAPE) == computed, f"you predicted {PREDICTED_SHAPE}, patchify computes {computed}"
 print(f"ok: predicted {tuple(PREDICTED_SHAPE)}, patchify computes {computed}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader computes the shape with moe_course.models.vit
+import moe_course.course.inside.answers as _answers  # the grader computes the shape with moe_course.models.vit
 _answers.record("shape_tests", lambda: tuple(PREDICTED_SHAPE))
 ### END HIDDEN TESTS

@@ -42,7 +42,7 @@ assert np.allclose(gates, [[[0.6, 0.3]]]), f"the gates are the probabilities the
 assert top_k_routing(np.zeros((1, 1, 4)), 2)[0].tolist() == [[[0, 1]]], "ties go to the lower expert index"
 print("ok: top_k_routing keeps the softmax probabilities of the k largest, ties to the lower expert")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("topk_tests", top_k_routing)
 ### END HIDDEN TESTS
 
@@ -66,7 +66,7 @@ assert expert_capacity(1, 10, 1.0, 4) == 3, "2.5 rounds up to 3"
 assert expert_capacity(1, 4, 0.1, 8) == 1, "at least one slot"
 print("ok: expert_capacity on 3 cases (plain, a half rounding up, at least one slot)")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("capacity_tests", expert_capacity)
 ### END HIDDEN TESTS
 
@@ -101,7 +101,7 @@ tied = experts_choice(np.full((1, 4, 2), 0.5), 2)
 assert tied.tolist() == [[[0, 0], [1, 1], [-1, -1], [-1, -1]]], f"ties: the lower token first; got {tied.tolist()}"
 print("ok: experts_choice puts each expert's top tokens in its slots, ties to the lower token")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("experts_choice_tests", experts_choice)
 ### END HIDDEN TESTS
 
@@ -127,7 +127,7 @@ assert abs(importance_loss(np.zeros((2, 5, 4)))) < 1e-12, "balanced probabilitie
 assert importance_loss(np.array([[[9.0, 0.0], [9.0, 0.0]]])) > 0.9, "one expert takes everything"
 print("ok: importance_loss is 0 when balanced and large when one expert takes everything")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("importance_tests", importance_loss)
 ### END HIDDEN TESTS
 
@@ -157,7 +157,7 @@ value = load_loss(clean, clean + 0.25 * rng.normal(size=clean.shape), 2, 0.25)
 assert isinstance(value, float) and value >= 0.0, f"a non-negative float, got {value!r}"
 print(f"ok: load_loss returns a non-negative float ({value:.4f} here)")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("load_tests", load_loss)
 ### END HIDDEN TESTS
 
@@ -182,6 +182,6 @@ counted = int((experts_choice(uniform, 4) < 0).all(axis=-1).sum())
 assert PREDICTED_UNSERVED == counted, f"you predicted {PREDICTED_UNSERVED}, experts_choice leaves out {counted} tokens"
 print(f"ok: predicted {PREDICTED_UNSERVED} tokens without an expert; experts_choice leaves {counted}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader counts with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader counts with moe_course.routing
 _answers.record("unserved_tests", lambda: PREDICTED_UNSERVED)
 ### END HIDDEN TESTS

@@ -36,7 +36,7 @@ assert priority_order(gates, "max").tolist() == [[1, 0, 2]], "highest max gate f
 assert priority_order(gates, "sum").tolist() == [[1, 2, 0]]
 print("ok: priority_order by max and by sum, ties in group order")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("priority_tests", priority_order)
 ### END HIDDEN TESTS
 
@@ -69,7 +69,7 @@ assert served.tolist() == [[False, True, False, True, True]], f"expert 0 serves 
 assert bpr_top1_served(experts, gates, 3).tolist() == [[True, True, False, True, True]], "equal gates: token 0 first"
 print("ok: bpr_top1_served keeps each expert's highest gates, equal gates in group order")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing
 _answers.record("served_tests", bpr_top1_served)
 ### END HIDDEN TESTS
 
@@ -94,6 +94,6 @@ counted = int((~bpr_top1_served(routed, rng.random(size=(1, 12)), 4)).sum())
 assert PREDICTED_DROPPED == counted, f"you predicted {PREDICTED_DROPPED}, bpr_top1_served drops {counted}"
 print(f"ok: predicted {PREDICTED_DROPPED} dropped choices; bpr_top1_served drops {counted}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader counts with moe_course.routing
+import moe_course.course.inside.answers as _answers  # the grader counts with moe_course.routing
 _answers.record("dropped_tests", lambda: PREDICTED_DROPPED)
 ### END HIDDEN TESTS

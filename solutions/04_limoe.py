@@ -43,7 +43,7 @@ assert np.isclose(entropy(np.full(4, 0.25)), np.log(4)), "uniform over 4 experts
 assert entropy(np.array([1.0, 0.0, 0.0])) == 0.0, "one-hot: 0, and no NaN"
 print("ok: entropy is log 4 for a uniform distribution over 4 experts and 0 for a one-hot one")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
 _answers.record("entropy_tests", entropy)
 ### END HIDDEN TESTS
 
@@ -73,7 +73,7 @@ assert np.isclose(local_entropy_loss(np.zeros((2, 3, 4)), everything), np.log(4)
 assert local_entropy_loss(np.array([[[50.0, 0.0]] * 3] * 2), everything) < 1e-6, "confident routers: ~0"
 print("ok: local_entropy_loss is log E for uniform routers and ~0 for confident ones")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
 _answers.record("local_tests", local_entropy_loss)
 ### END HIDDEN TESTS
 
@@ -108,7 +108,7 @@ assert np.isclose(global_entropy_loss(one_expert, np.ones((1, 3), bool), tau=np.
 assert global_entropy_loss(np.zeros((1, 3, 4)), np.ones((1, 3), bool), tau=np.log(2)) == 0.0
 print("ok: global_entropy_loss without a threshold, above it and below it")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
 _answers.record("global_tests", global_entropy_loss)
 ### END HIDDEN TESTS
 
@@ -142,7 +142,7 @@ assert np.isclose(router_z_loss(huge, np.array([[True, False]])), 1000.0**2), "n
 assert router_z_loss(huge, np.zeros((1, 2), bool)) == 0.0, "no selected token: 0"
 print("ok: router_z_loss on zero logits, on a huge logit with a mask, and with nothing selected")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.losses
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.losses
 _answers.record("z_tests", router_z_loss)
 ### END HIDDEN TESTS
 
@@ -167,6 +167,6 @@ computed = global_entropy_loss(two_experts, np.ones((1, 8), bool), tau=np.log(4)
 assert abs(PREDICTED_LOSS - computed) < 1e-3, f"you predicted {PREDICTED_LOSS}, your loss gives {computed:.4f}"
 print(f"ok: predicted {PREDICTED_LOSS}, global_entropy_loss computes {computed:.4f}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader computes it with moe_course.routing.entropy
+import moe_course.course.inside.answers as _answers  # the grader computes it with moe_course.routing.entropy
 _answers.record("global_prediction_tests", lambda: PREDICTED_LOSS)
 ### END HIDDEN TESTS

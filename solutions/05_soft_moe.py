@@ -47,7 +47,7 @@ assert np.allclose(effective_tokens(peaked), 1.0), "one token far ahead: the slo
 assert effective_tokens(rng.normal(size=(2, 5, 4))).shape == (2, 4)
 print("ok: effective_tokens is 6 for equal logits, 1 for a slot that copies one token, shape (groups, slots)")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.soft
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.soft
 _answers.record("effective_tests", effective_tokens)
 ### END HIDDEN TESTS
 
@@ -78,7 +78,7 @@ aligned = np.stack([np.eye(4)[:3] * 0.1, np.eye(4)[:3] * 7.0])  # token t points
 assert limit_tokens(aligned, np.eye(4)[:, [2, 0]]).tolist() == [[2, 0], [2, 0]], "slot s copies the token along phi_s"
 print("ok: limit_tokens picks, for every slot, the token most aligned with phi_s, whatever the token norms")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.soft
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.soft
 _answers.record("limit_tests", limit_tokens)
 ### END HIDDEN TESTS
 
@@ -112,6 +112,6 @@ measured = float(np.linalg.norm(soft_layer(2 * x[0])) / np.linalg.norm(soft_laye
 assert abs(PREDICTED_FACTOR - measured) < 1e-3, f"you predicted {PREDICTED_FACTOR}, the output changes {measured:.4f}x"
 print(f"ok: predicted a factor {PREDICTED_FACTOR}, the layer's output changes by {measured:.4f}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader measures it with moe_course.routing.soft
+import moe_course.course.inside.answers as _answers  # the grader measures it with moe_course.routing.soft
 _answers.record("factor_tests", lambda: PREDICTED_FACTOR)
 ### END HIDDEN TESTS

@@ -30,7 +30,7 @@ def mod_capacity(tokens, capacity):
 assert mod_capacity(64, 0.125) == 8 and mod_capacity(3, 0.1) == 1
 print("ok: mod_capacity on 2 cases (8 of 64; at least 1)")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
 _answers.record("capacity_tests", mod_capacity)
 ### END HIDDEN TESTS
 
@@ -64,7 +64,7 @@ assert index.tolist() == [[1, 3]] and processed.tolist() == [[False, True, False
 assert mod_select(np.array([[0.1, 0.5, 0.2, 0.9]]), 0.5, keep_first=True)[0].tolist() == [[0, 3]]
 print("ok: mod_select keeps the top tokens in ascending order, and token 0 with keep_first")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
 _answers.record("select_tests", mod_select)
 ### END HIDDEN TESTS
 
@@ -108,7 +108,7 @@ assert mine.shape == (4,), f"expected shape (4,), got {np.shape(mine)}"
 assert np.allclose(mine, numeric, atol=1e-5), f"router_gradient {mine} differs from finite differences {numeric}"
 print("ok: router_gradient equals finite differences of the loss on 2 images of 8 tokens")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares with jax.grad through moe_course.routing.mod
+import moe_course.course.inside.answers as _answers  # the grader compares with jax.grad through moe_course.routing.mod
 _answers.record("gradient_tests", router_gradient)
 ### END HIDDEN TESTS
 
@@ -133,6 +133,6 @@ counted = int(processed[0, 1:].sum())
 assert PREDICTED_PATCHES == counted, f"you predicted {PREDICTED_PATCHES}, mod_select processes {counted} patch tokens"
 print(f"ok: predicted {PREDICTED_PATCHES} patch tokens; mod_select processes {counted} (and the class token)")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader counts with moe_course.routing.mod
+import moe_course.course.inside.answers as _answers  # the grader counts with moe_course.routing.mod
 _answers.record("patches_tests", lambda: PREDICTED_PATCHES)
 ### END HIDDEN TESTS

@@ -61,7 +61,7 @@ except ValueError:
     pass
 print("ok: all_to_all on 2 and 4 devices, its inverse, and the ValueError")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with jax.lax.all_to_all
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with jax.lax.all_to_all
 _answers.record("all_to_all_tests", all_to_all)
 ### END HIDDEN TESTS
 
@@ -100,7 +100,7 @@ assert np.array_equal(inbox[3, 2:4], buffers[1][:, 6:8]), "device 3 holds expert
 assert np.array_equal(to_owners(inbox), buffers), "to_owners undoes to_experts"
 print("ok: to_experts sends each expert block to its device; to_owners brings it back")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.parallel
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.parallel
 _answers.record("exchange_tests", (to_experts, to_owners))
 ### END HIDDEN TESTS
 
@@ -125,7 +125,7 @@ assert [expert_home(e, 8, 4) for e in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
 assert expert_home(5, 8, 1) == 0 and expert_home(5, 8, 8) == 5
 print("ok: expert_home for 8 experts on 4, 1 and 8 devices")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.parallel
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.parallel
 _answers.record("home_tests", expert_home)
 ### END HIDDEN TESTS
 
@@ -166,7 +166,7 @@ assert mesh_bytes(2 * n * g, 12, experts, 2, 1.0, width, 2, n) == counted, "a se
 assert mesh_bytes(8, 12, experts, 2, 1.0, width, 8, 1) == 0, "without an expert axis nothing is sent"
 print(f"ok: mesh_bytes equals the {counted} bytes counted in the simulation, on 1 and 2 rows; 0 without an expert axis")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.parallel
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.parallel
 _answers.record("bytes_tests", mesh_bytes)
 ### END HIDDEN TESTS
 
@@ -190,6 +190,6 @@ computed = mesh_bytes(16, 64, 16, 2, 1.0, 64, 1, 8) / mesh_bytes(8, 64, 16, 2, 1
 assert abs(PREDICTED_RATIO - computed) < 1e-3, f"you predicted {PREDICTED_RATIO}, mesh_bytes gives {computed:.4f}"
 print(f"ok: predicted a factor {PREDICTED_RATIO}, mesh_bytes gives {computed:.4f}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader computes it with moe_course.parallel
+import moe_course.course.inside.answers as _answers  # the grader computes it with moe_course.parallel
 _answers.record("mesh_tests", lambda: PREDICTED_RATIO)
 ### END HIDDEN TESTS

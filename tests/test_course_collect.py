@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from moe_course.course.collect import collect, student_id
+from moe_course.course.instructor.collect import collect, student_id
 
 NAME = "00_tiny"
 
@@ -47,7 +47,7 @@ def test_lms_names_links_and_special_files(tmp_path):
 def test_long_names_get_bounded_distinct_ids_and_deep_trees_are_skipped(tmp_path):
     """An LMS folder name of 300 characters becomes an id of at most MAX_ID characters (a hash keeps two long
     names apart); a folder tree too deep to walk is one student's skipped line, never the class's abort."""
-    from moe_course.course.collect import MAX_ID
+    from moe_course.course.instructor.collect import MAX_ID
 
     long_a, long_b = "Ada " + "x" * 296, "Ada " + "x" * 295 + "y"
     assert len(student_id(long_a)) <= MAX_ID and student_id(long_a) != student_id(long_b)
@@ -95,7 +95,7 @@ def _remove_nested(top, name):
 def test_grades_csv_cells_are_inert():
     """OWASP's CSV-injection advice: a cell a spreadsheet would run as a formula is made text; control characters
     and long logs do not reach grades.csv."""
-    from moe_course.course.grade import CELL_CHARS, csv_cell
+    from moe_course.course.instructor.grade import CELL_CHARS, csv_cell
 
     assert csv_cell('=HYPERLINK("http://x","click")') == '\'=HYPERLINK("http://x","click")'
     for start in ("+", "-", "@"):
@@ -111,7 +111,7 @@ def test_grades_csv_cells_are_inert():
 
 
 def test_grades_csv_flags_column_joins_reasons_and_keeps_a_lone_one_whole():
-    from moe_course.course.grade import flags_text
+    from moe_course.course.instructor.grade import flags_text
 
     assert flags_text(["not scanned: RecursionError"]) == "not scanned: RecursionError"
     assert flags_text(["a", "b"]) == "a; b" and flags_text([]) == ""

@@ -4,7 +4,7 @@ browser, still show a correct student's figure, and cost a bounded time per stud
 The notebooks are not graded here (the grading tests do that): each is the released 06_mod notebook with
 hostile cells added, put where autograde leaves a graded notebook, with the student's submission added to
 a copy of the course gradebook -- then the real ``grade.feedback`` makes the pages (nbgrader's feedback
-template, ``moe_course.course.feedback``). Headless Chromium (Debian's package, driven by playwright as in
+template, ``moe_course.course.instructor.feedback``). Headless Chromium (Debian's package, driven by playwright as in
 tests/test_site.py) opens them from disk while a stand-in HTTP server on 127.0.0.1 counts every request.
 """
 
@@ -25,9 +25,9 @@ import pytest
 pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 pytest.importorskip("nh3", reason="nh3 is not installed: pip install -e '.[instructor]'")
 
-from moe_course.course import build, feedback as feedback_pages, grade  # noqa: E402
-from moe_course.course.config import course_paths  # noqa: E402
-from moe_course.course.worker import record_paths  # noqa: E402
+from moe_course.course.instructor import build, feedback as feedback_pages, grade  # noqa: E402
+from moe_course.course.limits.config import course_paths  # noqa: E402
+from moe_course.course.limits.worker import record_paths  # noqa: E402
 from headless_chromium import browser_context  # noqa: E402
 
 # nbgrader's add_submission warns that the objects it made are not in its session yet (it adds them after)

@@ -2,8 +2,8 @@
 
 import json
 
-from moe_course.course.bounded import MAX_NOTEBOOK_BYTES, MAX_NOTEBOOK_CONTAINERS
-from moe_course.course.flags import scan_notebook, scan_source
+from moe_course.course.limits.bounded import MAX_NOTEBOOK_BYTES, MAX_NOTEBOOK_CONTAINERS
+from moe_course.course.instructor.flags import scan_notebook, scan_source
 
 
 def test_added_cells_are_scanned_and_locked_test_cells_are_not(tmp_path):

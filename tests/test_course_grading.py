@@ -13,7 +13,7 @@ pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -
 
 from course_submissions import answer_cells, answered, collected_ids, lms_export  # noqa: E402
 from moe_course.cli import main  # noqa: E402
-from moe_course.course.build import assignment_names  # noqa: E402
+from moe_course.course.instructor.build import assignment_names  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy
 import pytest
 
 import moe_course.routing
-from moe_course.course.guard import FilePolicy, ModuleSnapshot, reset_shell
+from moe_course.course.inside.guard import FilePolicy, ModuleSnapshot, reset_shell
 from moe_course.routing.allocation import Allocation
 
 
@@ -61,7 +61,7 @@ def test_file_policy(tmp_path):
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])
 def test_limits_reject_bad_values(value):
-    from moe_course.course.config import Limits
+    from moe_course.course.limits.config import Limits
 
     with pytest.raises(ValueError, match="cell_timeout"):
         Limits(cell_timeout=value)
@@ -70,7 +70,7 @@ def test_limits_reject_bad_values(value):
 def test_a_kernel_may_interrupt_itself_and_signal_nothing_else():
     import signal
 
-    from moe_course.course.guard import GradingViolation, audit_hook
+    from moe_course.course.inside.guard import GradingViolation, audit_hook
 
     hook = audit_hook(FilePolicy(os.getcwd(), []))
     hook("os.kill", (os.getpid(), signal.SIGINT))  # ipykernel's interrupt_request: allowed

@@ -8,13 +8,15 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from course_submissions import SILENT_KERNEL
-from moe_course.course import build, grade, inputs
-from moe_course.course.answers import load_checks
-from moe_course.course.config import SOLUTIONS
+from moe_course.course.instructor import build, grade
+from moe_course.course.limits import inputs
+from moe_course.course.inside.answers import load_checks
+from moe_course.course.limits.config import SOLUTIONS
 
 CHECKS = sorted((SOLUTIONS / "checks").glob("*.py"))
 
@@ -28,7 +30,7 @@ def test_the_sandbox_gets_each_checks_file_without_its_references(checks, tmp_pa
     imported = {node.module for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.ImportFrom)}
     imported |= {alias.name for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.Import)
                  for alias in node.names}
-    assert imported <= {"numpy", "moe_course.course.answers"}, imported  # nothing of the course library
+    assert imported <= {"numpy", "moe_course.course.inside.answers"}, imported  # nothing of the course library
     build.check_inputs_only(checks)  # it loads, and draws the inputs the whole file draws
     (tmp_path / "inputs.py").write_text(stripped)
     assert all(check.reference is None for check in load_checks(tmp_path / "inputs.py").values())
@@ -53,7 +55,7 @@ def test_a_root_grader_drops_to_uids_that_belong_to_nobody():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs a root grader")
 def test_a_submissions_cgroup_caps_its_processes_together_and_is_removed():
-    from moe_course.course.budget import Cgroup
+    from moe_course.course.limits.budget import Cgroup
 
     group = Cgroup.create(f"moe-grade-test-{os.getpid()}", memory_bytes=256 * 2**20, processes=8)
     if group is None:
@@ -71,9 +73,106 @@ def test_a_submissions_cgroup_caps_its_processes_together_and_is_removed():
     assert not any(folder.exists() for folder in group.folders)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs a root grader")
+def test_a_root_workers_cgroup_holds_it_beside_its_kernel_and_the_batch_removes_it(tmp_path):
+    """``budget.worker_cgroup`` moves the worker into ``moe-grade-<pid>/worker`` (WORKER_BYTES), its kernel's
+    cgroup is made beside it, the whole submission has one CPU weight and a memory limit of the two together,
+    and what a killed worker left is removed by the batch (``remove_leftovers``), children first."""
+    from moe_course.course.limits import budget
+
+    script = ("import sys, time\nfrom moe_course.course.limits import budget\ngroup = budget.worker_cgroup(2**30)\n"
+              "if group is None:\n    print('none', flush=True)\n    sys.exit()\n"
+              "group.child('kernel', memory_bytes=2**29, processes=8)\n"
+              "print(open('/proc/self/cgroup').read().replace(chr(10), ' '), flush=True)\ntime.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        said = worker.stdout.readline()
+        if said.strip() == "none":
+            pytest.skip("this host lets no process create cgroups")
+        assert f"/moe-grade-{worker.pid}/worker" in said, said
+        tops = [parent / f"moe-grade-{worker.pid}" for parent in budget._cgroup_parents()]
+        tops = [top for top in tops if top.exists()]
+        memory = [top for top in tops if (top / "memory.max").exists() or (top / "memory.limit_in_bytes").exists()]
+        for top in memory:
+            name = "memory.max" if (top / "memory.max").exists() else "memory.limit_in_bytes"
+            held = {part: int((top / part / name).read_text()) for part in (".", "worker", "kernel")}
+            assert held == {".": 2**30 + budget.WORKER_BYTES, "worker": budget.WORKER_BYTES, "kernel": 2**29}, held
+        weights = [(top / name).read_text().strip() for top in tops for name in ("cpu.weight", "cpu.shares")
+                   if (top / name).exists()]
+        assert memory and weights and set(weights) <= {str(budget.CPU_WEIGHT), "1024"}, (tops, weights)
+    finally:
+        worker.kill()
+        worker.wait()
+    removed = budget.remove_leftovers(tmp_path, pids=[worker.pid])
+    assert set(tops) <= set(removed) and not any(top.exists() for top in tops), removed
+
+
+def test_cgroup_v2_delegates_the_cpu_controller_with_memory_and_pids(tmp_path, monkeypatch):
+    """Without +cpu in the parent's subtree_control a v2 cgroup has no cpu.weight, and 200 busy processes of one
+    submission compete one by one with everyone's (issue 55: 6.5-7.5x slower victims)."""
+    from moe_course.course.limits import budget
+
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("\n")
+    written = []
+    monkeypatch.setattr(budget, "_write", lambda path, value: written.append((path.name, value)))
+    budget._delegate(tmp_path)
+    assert written == [("cgroup.subtree_control", "+memory +pids"), ("cgroup.subtree_control", "+cpu")]
+    written.clear()
+    (tmp_path / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    budget._delegate(tmp_path)
+    assert written == []
+
+
+def test_a_plain_grader_gets_a_systemd_user_scope_where_its_manager_has_memory_delegated(monkeypatch, tmp_path):
+    """The probe both ways (this container has no systemd user manager: systemd-run's answer is mocked): a scope
+    that reads its own MemoryMax in memory.max is used -- the batch names it, and each worker starts under
+    ``systemd-run --user --scope -p MemoryMax=<submission_bytes>`` -- anything else is not."""
+    from moe_course.course.limits import budget
+    from moe_course.course.limits.config import Limits
+
+    answer, seen = {}, []
+
+    def systemd_run(command, **kwargs):
+        seen.append(command)
+        return subprocess.CompletedProcess(command, answer["code"], stdout=answer["out"], stderr="")
+
+    monkeypatch.setattr(budget, "subprocess", SimpleNamespace(run=systemd_run, TimeoutExpired=TimeoutError))
+    monkeypatch.setattr(budget.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(budget.os, "geteuid", lambda: 1000)
+    answer.update(code=0, out=f"{budget.PROBE_BYTES}\n")
+    assert budget.can_use_user_scope()
+    assert seen[-1][:4] == ["systemd-run", "--user", "--scope", "--quiet"], seen
+    assert f"MemoryMax={budget.PROBE_BYTES}" in seen[-1] and "MemorySwapMax=0" in seen[-1], seen
+    for code, out in ((0, "max\n"), (1, "")):  # memory not delegated (the scope is unlimited); no user manager
+        answer.update(code=code, out=out)
+        assert not budget.can_use_user_scope()
+    monkeypatch.setattr(budget.shutil, "which", lambda name: None)
+    assert not budget.can_use_user_scope()
+    monkeypatch.undo()
+
+    limits = Limits(memory_bytes=2048 * 2**20)
+    bytes_ = budget.submission_bytes(limits.memory_bytes)
+    for delegated in (True, False):
+        monkeypatch.setattr(budget, "can_use_user_scope", lambda: delegated)
+        held = grade.sandbox_limits(None, bytes_).get("cgroup", "")
+        assert ("systemd user scope: memory 4096 MiB per submission" in held) == delegated, held
+    started = []
+
+    def popen(command, **kwargs):
+        started.append(command)
+        raise OSError("not started here")
+
+    monkeypatch.setattr(grade.subprocess, "Popen", popen)
+    record = grade._run_worker(tmp_path, "01_vit", "ann", limits, None, scope_bytes=bytes_)
+    assert record["status"] == "failed" and started[0][:len(budget.user_scope(bytes_))] == budget.user_scope(bytes_)
+    assert f"MemoryMax={4096 * 2**20}" in started[0] and "moe_course.course.limits.worker" in started[0], started
+
+
 def test_widget_messages_count_toward_the_output_cap():
     pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
-    from moe_course.course.output_cap import CappedExecute, OutputLimitError
+    from moe_course.course.limits.output_cap import CappedExecute, OutputLimitError
 
     executor = CappedExecute(output_bytes=1000)
     executor._sent = 0
@@ -89,7 +188,7 @@ def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_pa
 
     import nbformat
 
-    from moe_course.course.output_cap import CappedExecute, ReplyTimeoutError
+    from moe_course.course.limits.output_cap import CappedExecute, ReplyTimeoutError
 
     cells = [nbformat.v4.new_code_cell(SILENT_KERNEL)] + [nbformat.v4.new_code_cell("1 + 1") for _ in range(5)]
     executor = CappedExecute(timeout=3, answer_seconds=2, kernel_name="python3")
@@ -103,7 +202,7 @@ def test_a_kernel_that_stops_answering_is_ended_at_its_first_missed_reply(tmp_pa
 # manager's control socket, which never reads).
 CONTROL_FLOOD = """import sys
 import nbformat
-from moe_course.course.output_cap import CappedExecute
+from moe_course.course.limits.output_cap import CappedExecute
 FLOOD = '''k = get_ipython().kernel
 def flood(stream, ident, parent):
     buffer = b"x" * (16 * 2**20)
@@ -130,7 +229,7 @@ def test_a_control_channel_flood_is_not_held_by_the_grading_process(tmp_path):
 
 
 def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp_path):
-    from moe_course.course.bounded import read_regular
+    from moe_course.course.limits.bounded import read_regular
 
     (tmp_path / "probs_tests.npz").mkdir()  # a folder named as a recorded answer
     os.mkfifo(tmp_path / "fifo")
@@ -145,19 +244,19 @@ def test_a_file_that_is_not_regular_is_not_read_and_its_descriptor_is_closed(tmp
 
 
 def test_the_error_column_shows_the_exceptions_message_not_its_raise_line():
-    from moe_course.course.worker import summarise_error
+    from moe_course.course.limits.worker import summarise_error
 
     log = ("Traceback (most recent call last):\n"
-           '  File ".../moe_course/course/output_cap.py", line 58, in process_message\n'
+           '  File ".../moe_course/course/limits/output_cap.py", line 58, in process_message\n'
            "    raise OutputLimitError(f\"the notebook's output passed the limit of {self.output_bytes} bytes \"\n"
-           "moe_course.course.output_cap.OutputLimitError: the notebook's output passed the limit of 1048576 bytes "
-           "(--max-output-mb); grading stopped at cell 4\n")
-    assert summarise_error(log) == ("moe_course.course.output_cap.OutputLimitError: the notebook's output passed the "
-                                    "limit of 1048576 bytes (--max-output-mb); grading stopped at cell 4")
+           "moe_course.course.limits.output_cap.OutputLimitError: the notebook's output passed the limit of "
+           "1048576 bytes (--max-output-mb); grading stopped at cell 4\n")
+    assert summarise_error(log) == ("moe_course.course.limits.output_cap.OutputLimitError: the notebook's output "
+                                    "passed the limit of 1048576 bytes (--max-output-mb); grading stopped at cell 4")
 
 
 def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path, monkeypatch):
-    from moe_course.course import worker
+    from moe_course.course.limits import worker
 
     def deep(*args):
         raise RecursionError("maximum recursion depth exceeded")
@@ -170,11 +269,11 @@ def test_any_failure_while_grading_one_submission_is_that_students_row(tmp_path,
 
 
 def test_what_a_killed_worker_left_is_removed_and_a_running_workers_is_kept(tmp_path):
-    from moe_course.course import budget
+    from moe_course.course.limits import budget
 
     ended = subprocess.Popen(["true"])
     ended.wait()
-    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "moe_course.course.worker"])
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "moe_course.course.limits.worker"])
     try:
         lost, kept = tmp_path / f"moe-grade-{ended.pid}-x1", tmp_path / f"moe-grade-{running.pid}-x2"
         (lost / "answers").mkdir(parents=True)
@@ -191,7 +290,7 @@ def test_what_a_killed_worker_left_is_removed_and_a_running_workers_is_kept(tmp_
 
 
 def test_a_tree_deeper_than_python_recurses_is_removed(tmp_path):
-    from moe_course.course.budget import remove_tree
+    from moe_course.course.limits.budget import remove_tree
 
     deep = tmp_path / "scratch"
     subprocess.run(["mkdir", "-p", str(deep / "/".join(["d"] * 1500))], check=True)  # os.makedirs recurses
@@ -207,7 +306,8 @@ def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_p
     base = Path(tempfile.mkdtemp(prefix="moe-grade-locked-", dir="/tmp"))
     if plain:
         os.chown(base, 65534, 65534)
-    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\nfrom moe_course.course.budget import remove_tree\n"
+    script = ("import os, sys\nsys.path.insert(0, sys.argv[2])\n"
+              "from moe_course.course.limits.budget import remove_tree\n"
               "scratch = sys.argv[1] + '/scratch'\nos.makedirs(scratch + '/locked/inner')\n"
               "open(scratch + '/locked/inner/data', 'wb').write(bytes(2**20))\n"
               "os.chmod(scratch + '/locked/inner', 0)\nos.chmod(scratch + '/locked', 0)\n"
@@ -223,14 +323,15 @@ def test_a_folder_left_at_mode_000_is_removed_by_a_grader_that_is_not_root(tmp_p
 
 def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp_path, capsys):
     from moe_course.cli import main
-    from moe_course.course import budget
+    from moe_course.course.limits import budget
 
     each = budget.submission_bytes(6144 * 2**20)
-    assert each == (6144 + 512 + 512) * 2**20  # the kernel's memory, its scratch tmpfs, /tmp and /dev/shm
+    # the kernel's memory, its scratch tmpfs, /tmp and /dev/shm, and the grading worker's cgroup
+    assert each == (6144 + 512 + 512 + 1024) * 2**20
     budget.fits(3, 6144 * 2**20, machine_bytes=3 * each)
-    with pytest.raises(ValueError, match=r"^--jobs 4 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) = "
-                                         r"28672 MiB is more than this machine's 21504 MiB: lower --jobs to 3 or "
-                                         r"--memory-mb to 4352$"):
+    with pytest.raises(ValueError, match=r"^--jobs 4 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs \+ 1024 MiB for the "
+                                         r"grading worker per submission\) = 32768 MiB is more than this machine's "
+                                         r"24576 MiB: lower --jobs to 3 or --memory-mb to 4096$"):
         budget.fits(4, 6144 * 2**20, machine_bytes=3 * each)
     pytest.importorskip("nbgrader", reason="the command line needs nbgrader: pip install -e '.[instructor]'")
     jobs = budget.machine_memory_bytes() // each + 1  # one more than this machine holds
@@ -241,9 +342,9 @@ def test_grading_refuses_to_start_when_jobs_submissions_do_not_fit_in_memory(tmp
 
 @pytest.mark.parametrize("version", ["v2", "v1"])
 def test_the_jobs_check_reads_the_memory_limit_of_every_ancestor_cgroup(version, tmp_path, monkeypatch):
-    """An unlimited cgroup below a parent limited to 4 GiB (a systemd slice, a container): 3 x (6144 + 1024) MiB
-    is refused, naming the parent; the machine's MemTotal and MemAvailable are bounds too."""
-    from moe_course.course import budget
+    """An unlimited cgroup below a parent limited to 4 GiB (a systemd slice, a container): 3 x (6144 + 1024 +
+    1024) MiB is refused, naming the parent; the machine's MemTotal and MemAvailable are bounds too."""
+    from moe_course.course.limits import budget
 
     mount, unlimited = tmp_path / "cgroup", "max" if version == "v2" else str(2**63 - 4096)
     own = mount / "grading.slice" / "grader"
@@ -260,10 +361,13 @@ def test_the_jobs_check_reads_the_memory_limit_of_every_ancestor_cgroup(version,
     assert limits[f"cgroup {own.parent}"] == 4 * 2**30 and {"MemTotal", "MemAvailable"} <= set(limits), limits
     assert limits.get(f"cgroup {own}") == (None if version == "v2" else 6 * 2**30), limits  # v2 "max": no limit
     assert budget.machine_memory_bytes() == 4 * 2**30
-    said = (rf"^--jobs 3 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs per submission\) = 21504 MiB is more "
-            rf"than the memory limit of cgroup {own.parent}: 4096 MiB: lower --jobs to 1 or --memory-mb to 341$")
+    said = (rf"^--jobs 3 x \(6144 MiB --memory-mb \+ 1024 MiB of tmpfs \+ 1024 MiB for the grading worker per "
+            rf"submission\) = 24576 MiB is more than the memory limit of cgroup {own.parent}: 4096 MiB: not one "
+            rf"submission fits$")
     with pytest.raises(ValueError, match=said):
         budget.fits(3, 6144 * 2**20)
+    with pytest.raises(ValueError, match=r"= 9216 MiB is more .*: lower --jobs to 1$"):  # no --memory-mb fits 3
+        budget.fits(3, 1024 * 2**20)
 
 
 def test_recorded_answers_are_read_only_within_bounds(tmp_path):
@@ -275,7 +379,7 @@ def test_recorded_answers_are_read_only_within_bounds(tmp_path):
 
     import numpy as np
 
-    from moe_course.course import verdict
+    from moe_course.course.limits import verdict
 
     wants = [(np.zeros(5),)]
     array = io.BytesIO()
@@ -301,7 +405,7 @@ def test_recorded_answers_are_read_only_within_bounds(tmp_path):
 
 
 def test_the_submission_folder_copied_into_the_sandbox_is_bounded(tmp_path, monkeypatch):
-    from moe_course.course import sandbox
+    from moe_course.course.limits import sandbox
 
     monkeypatch.setattr(sandbox, "MAX_COPY_DEPTH", 3)
     home = tmp_path / "home"
@@ -319,7 +423,7 @@ def test_a_root_grader_where_mounts_are_withheld_still_grades_in_the_sandbox(tmp
     """As in a container without CAP_SYS_ADMIN: no scratch tmpfs, and the kernel's uid still reaches its folders."""
     pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
     from moe_course.cli import main
-    from moe_course.course import budget, sandbox
+    from moe_course.course.limits import budget, sandbox
 
     if sandbox.unavailable(grade.SANDBOX_UID):
         pytest.skip(sandbox.unavailable(grade.SANDBOX_UID))

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("nbgrader", reason="nbgrader is not installed: pip install -e '.[instructor]'")
 
 from moe_course.cli import main  # noqa: E402
-from moe_course.course import build  # noqa: E402
-from moe_course.course.build import SECRET_MARKERS, assignment_names  # noqa: E402
+from moe_course.course.instructor import build  # noqa: E402
+from moe_course.course.instructor.build import SECRET_MARKERS, assignment_names  # noqa: E402
 from test_chapters import WITHOUT_ASSIGNMENT  # noqa: E402  (chapters with no assignment, and why)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +56,8 @@ def test_exercise_holds_no_answer_or_hidden_test(name):
 @pytest.mark.parametrize("argv, message", [
     (["release", "99_nope"], "assignment='99_nope' is not allowed"),
     (["collect", "/nonexistent", "--assignment", "01_vit"], "export_dir='/nonexistent' is not a folder"),
-    (["autograde", "01_vit"], "assignment='01_vit' is not released"),
+    # --memory-mb 2048: past the jobs x memory check on a machine with less memory available than the default needs
+    (["autograde", "01_vit", "--memory-mb", "2048"], "assignment='01_vit' is not released"),
     (["autograde", "01_vit", "--jobs", "0"], "jobs=0 is not allowed"),
     (["autograde", "01_vit", "--cell-timeout", "0"], "cell_timeout=0 is not allowed"),
 ])
@@ -66,31 +67,35 @@ def test_bad_input_is_one_clear_line(argv, message, tmp_path, capsys):
 
 
 def test_autograde_refuses_without_bubblewrap_unless_told_and_says_so_per_row(tmp_path, capsys, monkeypatch):
-    from moe_course.course import grade, sandbox
+    from moe_course.course.instructor import grade
+    from moe_course.course.limits import sandbox
 
     course = tmp_path / "course"
     (course / "release" / "01_vit").mkdir(parents=True)
     (course / "submitted" / "ann" / "01_vit").mkdir(parents=True)
     (course / "gradebooks" / "01_vit").mkdir(parents=True)
     monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    assert main(["course", "autograde", "01_vit", "--course-dir", str(course)]) == 2
+    # --memory-mb 2048: the jobs x memory check passes on a small machine too, so that the sandbox's is reached
+    assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--memory-mb", "2048"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "apt-get install bubblewrap" in err[0] and "--no-sandbox" in err[0], err
-    monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits, uid, tmpfs=False: {
+    monkeypatch.setattr(grade, "_run_worker", lambda course_dir, assignment, student, limits, uid, **how: {
         "student": student, "assignment": assignment, "status": "graded", "error": "", "score": 1.0, "max_score": 1.0})
     monkeypatch.setattr(grade, "scan_notebook", lambda notebook, limit: [])
     assert main(["course", "autograde", "01_vit", "--course-dir", str(course), "--no-sandbox", "--memory-mb",
                  "2048"]) == 0
     said = [line for line in capsys.readouterr().err.splitlines() if "capped per process only" in line]
     assert said == ["moe-course course autograde: memory is capped per process only (no cgroup per submission: grade "
-                    "as root for one): each of a submission's up to 512 processes may take 2048 MiB (--memory-mb), "
-                    "and memfd files, which count against no process, 64 MiB each with 1024 open per process"], said
-    assert "moe_course.course.kernel" in (course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json").read_text()
+                    "as root, or as a user whose systemd manager has the memory controller delegated, for one): each "
+                    "of a submission's up to 512 processes may take 2048 MiB (--memory-mb), and memfd files, which "
+                    "count against no process, 64 MiB each with 1024 open per process"], said
+    kernelspec = course / "jupyter" / "kernels" / "moe-course-grader" / "kernel.json"
+    assert "moe_course.course.inside.kernel" in kernelspec.read_text()
     record = (course / "gradebooks" / "01_vit" / "ann.json").read_text()
     assert '"sandbox": "none (--no-sandbox)"' in record
 
 
-CHECKS_HEADER = "import numpy as np\n\nfrom moe_course.course.answers import Check\n\n\n"
+CHECKS_HEADER = "import numpy as np\n\nfrom moe_course.course.inside.answers import Check\n\n\n"
 ONE_ANSWER = "CHECKS = {'double_tests': Check(lambda rng: [(rng.normal(size=5),)], lambda x: 2 * x)}\n"
 TWO_ANSWERS = ("CHECKS = {'double_tests': Check(lambda rng: [(rng.normal(size=5),)], lambda x: (x - 1, 2 * x),\n"
                "                              call=lambda functions, x: (functions[0](x), functions[1](x)))}\n")
@@ -182,7 +187,7 @@ def test_a_helper_that_holds_a_solution_functions_code_is_refused_whatever_its_s
 
 
 def test_shared_code_matches_renamed_variables_not_small_idioms():
-    from moe_course.course import shared_code
+    from moe_course.course.instructor import shared_code
 
     answer, = shared_code.functions("def f(logits):\n    '''Doc.'''\n    z = np.exp(logits - logits.max(axis=-1))\n"
                                     "    return z / z.sum(axis=-1, keepdims=True)\n").values()

@@ -1,5 +1,5 @@
-"""The grader's side of a check (moe_course.course.verdict) and the recorder the hidden tests call
-(moe_course.course.answers), without a kernel: inputs from the seed, outputs read as plain numbers only,
+"""The grader's side of a check (moe_course.course.limits.verdict) and the recorder the hidden tests call
+(moe_course.course.inside.answers), without a kernel: inputs from the seed, outputs read as plain numbers only,
 reasons that never quote an expected value, and a release that refuses checks that miss a grade cell."""
 
 import io
@@ -8,12 +8,14 @@ import os
 import numpy as np
 import pytest
 
-from moe_course.course import answers, verdict
-from moe_course.course.answers import Check
+from moe_course.course.inside import answers
+
+from moe_course.course.limits import verdict
+from moe_course.course.inside.answers import Check
 
 CHECKS = '''import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 CHECKS = {
     "double_tests": Check(lambda rng: [(rng.normal(size=(2, 3)),), (rng.normal(size=4),)], lambda x: 2 * x),
@@ -146,8 +148,8 @@ def test_outside_grading_record_judges_at_once(monkeypatch, checks_file):
 
 
 def test_release_refuses_checks_that_do_not_match_the_grade_cells(tmp_path):
-    from moe_course.course.build import ReleaseError, install_checks
-    from moe_course.course.config import SOLUTIONS
+    from moe_course.course.instructor.build import ReleaseError, install_checks
+    from moe_course.course.limits.config import SOLUTIONS
 
     solution = tmp_path / "02_moe_layer.py"
     solution.write_text((SOLUTIONS / "02_moe_layer.py").read_text())
@@ -165,7 +167,7 @@ def test_release_refuses_checks_that_do_not_match_the_grade_cells(tmp_path):
 def test_a_solution_notebook_run_by_hand_finds_its_checks(tmp_path, monkeypatch):
     """Outside grading, without MOE_COURSE_CHECKS, record finds solutions/checks/<folder name>.py: an
     instructor running a solution in nbgrader's source/<assignment>/ folder sees a failing check at once."""
-    from moe_course.course.config import SOLUTIONS
+    from moe_course.course.limits.config import SOLUTIONS
 
     for name in (answers.ANSWERS_ENV, answers.CHECKS_ENV, answers.SEED_ENV):
         monkeypatch.delenv(name, raising=False)

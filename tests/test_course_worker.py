@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from moe_course.course import worker
-from moe_course.course.config import Limits, nbgrader_config
+from moe_course.course.limits import worker
+from moe_course.course.limits.config import Limits, nbgrader_config
 
 NOT_STARTED = """[ERROR] There was an error processing assignment: /c/submitted/ann/03_vmoe_bpr
 [ERROR] Traceback (most recent call last):
@@ -33,7 +33,7 @@ def course(tmp_path, monkeypatch):
 def _replay(monkeypatch, outcomes):
     calls = []
 
-    def autograde(course_dir, assignment, student, limits, db, seed):
+    def autograde(course_dir, assignment, student, limits, db, seed, group=None):
         calls.append(student)
         return outcomes[len(calls) - 1]
 
@@ -90,7 +90,7 @@ def test_stderr_in_a_test_cell_is_held_from_the_grade_and_put_back():
     import nbformat
     from nbgrader.utils import determine_grade
 
-    from moe_course.course.config import hold_stderr, restore_stderr
+    from moe_course.course.limits.config import hold_stderr, restore_stderr
 
     cell = nbformat.v4.new_code_cell("assert double(1) == 2", metadata={"nbgrader": {
         "grade": True, "solution": False, "grade_id": "t", "points": 2, "locked": True, "schema_version": 3}})
@@ -115,7 +115,7 @@ def test_export_lists_every_collected_submission_graded_or_not(tmp_path):
 
     from nbgrader.api import Gradebook
 
-    from moe_course.course.grade import export
+    from moe_course.course.instructor.grade import export
 
     with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", "moe-course") as gradebook:
         gradebook.add_assignment("03_vmoe_bpr")
@@ -139,7 +139,7 @@ def _sandbox_options(tmp_path, monkeypatch, hidden=()) -> tuple[list[str], dict]
     """bwrap and its mounts as the grading sandbox makes them (without the kernel command), around a stand-in
     Python installation and package under ``tmp_path`` (which, like a CI clone, lives under /tmp); ``hidden``:
     folder names of that Python hidden as SANDBOX_WITHOUT hides a package. Returns (options, paths)."""
-    from moe_course.course import sandbox
+    from moe_course.course.limits import sandbox
 
     if sandbox.unavailable():
         pytest.skip(sandbox.unavailable())
@@ -173,7 +173,7 @@ def test_a_python_and_package_under_tmp_stay_visible_in_the_sandbox(tmp_path, mo
     """The sandbox's fresh /tmp must not hide a Python or package that lives under /tmp (a CI clone's venv)."""
     import subprocess
 
-    from moe_course.course import sandbox
+    from moe_course.course.limits import sandbox
 
     options, paths = _sandbox_options(tmp_path, monkeypatch)
     shown = subprocess.run([*options, "--", "/bin/cat", str(paths["python"] / "marker"),
@@ -189,7 +189,7 @@ def test_only_sized_tmpfs_are_writable_in_the_sandbox(tmp_path, monkeypatch):
     user namespace can be made inside, where an unsized tmpfs could be mounted."""
     import subprocess
 
-    from moe_course.course import sandbox
+    from moe_course.course.limits import sandbox
 
     options, paths = _sandbox_options(tmp_path, monkeypatch, hidden=("jaxlike",))
     folders = ["/", "/dev", str(paths["python"] / "jaxlike"), "/tmp", "/dev/shm", str(paths["home"])]

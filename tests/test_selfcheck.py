@@ -13,7 +13,7 @@ import pytest
 from course_submissions import answered
 from moe_course import selfcheck
 from moe_course.cli import main
-from moe_course.course.build import source_notebook
+from moe_course.course.instructor.build import source_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "03_vmoe_bpr"  # NumPy only: its notebook runs in a few seconds

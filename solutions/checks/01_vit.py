@@ -3,12 +3,12 @@
 Runs in two places: in the grading sandbox (only ``cases`` and ``call``: the inputs, drawn from the grading
 seed, with NumPy alone) and in the grader (``reference``, with the library: ``moe_course.models.vit`` for the
 patches, the patch embedding, the way back to images and the predicted shape). The sandbox gets this file
-without the references (``moe_course.course.inputs``). See ``moe_course.course.answers``.
+without the references (``moe_course.course.limits.inputs``). See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 
 def _normal(rng, *shape):

@@ -1,12 +1,12 @@
 """Checks of assignment 02: the inputs each answer is called on, and the course library's reference.
 
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed) and
-in the grader (``reference``, with the library). See ``moe_course.course.answers``.
+in the grader (``reference``, with the library). See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 
 def _top_k(logits, k):

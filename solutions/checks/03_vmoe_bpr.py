@@ -3,7 +3,7 @@ library's reference (``moe_course.routing.batch_prioritized_allocation``; ``drop
 number, with no inputs).
 
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
-NumPy alone) and in the grader (``reference``, with the library). See ``moe_course.course.answers``.
+NumPy alone) and in the grader (``reference``, with the library). See ``moe_course.course.inside.answers``.
 
 The routings the answers are called on are drawn here, not computed (no code of a graded function, such as
 02's ``top_k_routing``, is in the sandbox's copy of this file; ``build.check_no_cross_answers``): gates as the
@@ -14,7 +14,7 @@ are multiples of 1/8, where many tokens of a group have the same priority score 
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 
 def _drawn_gates(rng, shape, num_experts):

@@ -3,12 +3,12 @@
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
 NumPy alone) and in the grader (``reference``, with the library: ``moe_course.routing.entropy`` for the
 entropy losses and the predicted value, ``moe_course.routing.losses`` for the z-loss). See
-``moe_course.course.answers``.
+``moe_course.course.inside.answers``.
 """
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 
 # 1. entropy: peaked distributions over 6 experts (Dirichlet 0.3: some entries are tiny) with one

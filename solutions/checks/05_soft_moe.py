@@ -3,12 +3,12 @@ reference (``moe_course.routing.soft``).
 
 Runs in two places: in the grading sandbox (``cases`` and ``call``: the inputs, drawn from the grading seed,
 and how the answers are called, with NumPy alone) and in the grader (``reference``, with the library). See
-``moe_course.course.answers``.
+``moe_course.course.inside.answers``.
 """
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 
 # 1. effective_tokens: logits of scale 3 (far from uniform: a softmax over the slots cannot pass) and of

@@ -2,7 +2,7 @@
 
 Runs in two places: in the grading sandbox (``cases``, the inputs, drawn from the grading seed, and ``call``,
 which calls the learner's function and turns what it did into arrays) and in the grader (``reference``,
-with the library and JAX). See ``moe_course.course.answers``. Apart from ``Check``, only the ``reference``
+with the library and JAX). See ``moe_course.course.inside.answers``. Apart from ``Check``, only the ``reference``
 functions import ``moe_course`` (inside their bodies).
 
 The grading kernel has ONE device, so the references simulate the n devices of an all-to-all as a named axis
@@ -18,11 +18,11 @@ same input. Other cases end with ``RETURNS`` and their outputs are the function'
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 RETURNS, RAISES = "returns", "raises"  # the last argument of a case: what the function must do
 # The answers are NumPy; all_to_all's reference is jax.lax.all_to_all itself, so the grading sandbox of this
-# assignment has no JAX to call (moe_course.course.inputs): the primitive cannot answer its own check.
+# assignment has no JAX to call (moe_course.course.limits.inputs): the primitive cannot answer its own check.
 SANDBOX_WITHOUT = ("jax", "jaxlib")
 
 

@@ -33,7 +33,7 @@ Bounds (``cap_markup``, before the template runs): a markdown cell or a markdown
 than ``MARKUP_CHARS`` characters, any such text once a notebook's total passes ``NOTEBOOK_MARKUP_CHARS``, and
 an image over ``IMAGE_CHARS`` base64 characters are replaced by a short notice (parsing deeply nested unclosed
 tags takes time quadratic in their number: measured in html5lib, bleach's parser, and in html5ever, nh3's).
-Each student's page is made in a child process (``python -m moe_course.course.feedback``) watched by
+Each student's page is made in a child process (``python -m moe_course.course.instructor.feedback``) watched by
 ``generate``: one that takes longer than its time limit is killed and gets a one-line "feedback skipped: ..."
 page; the others go on in a new child.
 """
@@ -218,8 +218,8 @@ def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
     from nbgrader.apps import NbGraderAPI
     from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
-    from moe_course.course.config import nbgrader_config
-    from moe_course.course.worker import record_paths
+    from moe_course.course.limits.config import nbgrader_config
+    from moe_course.course.limits.worker import record_paths
 
     db, _ = record_paths(course_dir, assignment, student)
     config = nbgrader_config(course_dir, db=db)
@@ -235,7 +235,7 @@ def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
 
 def page_path(course_dir: Path, assignment: str, student: str) -> Path:
     """Where a student's feedback page is written: ``feedback/<student>/<assignment>/<assignment>.html``."""
-    from moe_course.course.config import course_paths
+    from moe_course.course.limits.config import course_paths
 
     return course_paths(course_dir)["feedback"] / student / assignment / f"{assignment}.html"
 
@@ -257,8 +257,8 @@ def generate(course_dir: Path, assignment: str, students, seconds: int = FEEDBAC
         raise ValueError(f"seconds={seconds!r} is not allowed; use a positive integer (per-student feedback limit)")
     pending, pages = list(students), {}
     while pending:
-        command = [sys.executable, "-m", "moe_course.course.feedback", str(Path(course_dir).resolve()), assignment,
-                   *pending]
+        command = [sys.executable, "-m", "moe_course.course.instructor.feedback", str(Path(course_dir).resolve()),
+                   assignment, *pending]
         child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         read = _line_reader(child.stdout)
         try:
@@ -309,8 +309,8 @@ def _line_reader(stream):
 
 
 def main(argv=None) -> int:
-    """Child process: ``python -m moe_course.course.feedback COURSE_DIR ASSIGNMENT STUDENT...`` prints "ready",
-    then one JSON line {"student", "error"} per student as its page is written ("" when it was)."""
+    """Child process: ``python -m moe_course.course.instructor.feedback COURSE_DIR ASSIGNMENT STUDENT...`` prints
+    "ready", then one JSON line {"student", "error"} per student as its page is written ("" when it was)."""
     course_dir, assignment, *students = sys.argv[1:] if argv is None else argv
     import nbgrader.apps  # noqa: F401  (imported before "ready": the per-student limit covers no import)
 

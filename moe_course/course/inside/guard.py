@@ -3,7 +3,7 @@
 A submission's code runs in the same Python process as the hidden tests that call it. Grades are not
 decided there (the hidden tests only record the learner's outputs, ``answers.record``; the grader judges
 them outside, ``verdict``), and the kernel runs in bubblewrap (``sandbox``). The grading kernel
-(``moe_course.course.kernel``) still calls ``install`` first -- the only protection left with
+(``moe_course.course.inside.kernel``) still calls ``install`` first -- the only protection left with
 ``--no-sandbox`` -- which sets up three layers, each for a class of hostile or broken submissions:
 
 1. Resource limits (``resource.setrlimit``, inherited by nothing else because the kernel spawns nothing):
@@ -19,12 +19,12 @@ them outside, ``verdict``), and the kernel runs in bubblewrap (``sandbox``). The
    and rewritten function code (``f.__code__ = ...``) are undone, and IPython's error display is reset, so
    monkeypatching in an answer cell cannot change what a later hidden test records.
 
-What this does not do: it is not an operating-system sandbox (``moe_course.course.sandbox`` is: the kernel
+What this does not do: it is not an operating-system sandbox (``moe_course.course.limits.sandbox`` is: the kernel
 runs in bubblewrap, where the files and processes this hook guards are absent in the first place). Code that unregisters the restore callback
 (``get_ipython().events``) and then patches, code that changes objects a hidden test already holds while
 the test calls it, or code that crashes the interpreter, is out of its reach; the batch
-(``moe_course.course.grade``) still survives such a submission (a per-student process with a wall-clock
-limit) and marks it, and ``moe_course.course.flags`` lists suspicious answer code for a human to read.
+(``moe_course.course.instructor.grade``) still survives such a submission (a per-student process with a wall-clock
+limit) and marks it, and ``moe_course.course.instructor.flags`` lists suspicious answer code for a human to read.
 """
 
 from __future__ import annotations
@@ -215,14 +215,14 @@ def install(shell, home: str | None = None) -> ModuleSnapshot:
         import jax  # noqa: F401
         import jax.numpy  # noqa: F401
         import jax.scipy.stats  # noqa: F401
-    except ImportError:  # an assignment whose sandbox goes without JAX (moe_course.course.inputs)
+    except ImportError:  # an assignment whose sandbox goes without JAX (moe_course.course.limits.inputs)
         pass
-    import moe_course.course.answers  # noqa: F401  -- what the hidden tests call
+    import moe_course.course.inside.answers  # noqa: F401  -- what the hidden tests call
 
     snapshot = ModuleSnapshot()
     policy = FilePolicy(home or os.getcwd(), os.environ.get(PROTECT_ENV, "").split(os.pathsep),
-                        [os.environ.get(moe_course.course.answers.ANSWERS_ENV, "")],
-                        [os.environ.get(moe_course.course.answers.CHECKS_ENV, "")])
+                        [os.environ.get(moe_course.course.inside.answers.ANSWERS_ENV, "")],
+                        [os.environ.get(moe_course.course.inside.answers.CHECKS_ENV, "")])
 
     def before_cell(*_):
         snapshot.restore()

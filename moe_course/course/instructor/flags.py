@@ -10,7 +10,7 @@ import ast
 import json
 from pathlib import Path
 
-from moe_course.course.bounded import MAX_NOTEBOOK_BYTES, NotebookTooLarge, read_notebook
+from moe_course.course.limits.bounded import MAX_NOTEBOOK_BYTES, NotebookTooLarge, read_notebook
 
 SUSPICIOUS_MODULES = {"ctypes", "gc", "builtins", "importlib", "inspect", "subprocess", "signal", "faulthandler",
                       "resource", "shutil", "socket", "sys", "os", "pathlib", "IPython", "unittest",

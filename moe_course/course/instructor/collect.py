@@ -26,7 +26,7 @@ import stat
 import unicodedata
 from pathlib import Path
 
-from moe_course.course.config import course_paths
+from moe_course.course.limits.config import course_paths
 
 CANVAS = re.compile(r"^(?P<name>[^_]+)(?:_late)?_(?P<user>\d+)_\d+_.+\.ipynb$", re.I)
 MOODLE_SUFFIX = re.compile(r"_assignsubmission_\w*$")

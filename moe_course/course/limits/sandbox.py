@@ -1,10 +1,10 @@
 """The operating-system sandbox every grading kernel runs in: bubblewrap (``bwrap``, the sandbox Flatpak uses).
 
-The grading kernelspec (``moe_course.course.kernel.write_kernelspec`` with ``sandbox=True``) starts
-``python -m moe_course.course.sandbox CONNECTION_FILE`` in place of the kernel. That launcher runs in the
+The grading kernelspec (``moe_course.course.inside.kernel.write_kernelspec`` with ``sandbox=True``) starts
+``python -m moe_course.course.limits.sandbox CONNECTION_FILE`` in place of the kernel. That launcher runs in the
 grading worker's process tree, outside the sandbox: it copies the submission's folder (nbgrader starts the
 kernel in it) into the worker's private scratch folder and replaces itself with ``bwrap``, which runs
-``prlimit ... python -m moe_course.course.kernel`` with
+``prlimit ... python -m moe_course.course.inside.kernel`` with
 
 - an unprivileged host uid: a grader running as root first drops, with ``setpriv`` (util-linux), to the host
   uid the worker names (``SANDBOX_UID_ENV``: one per parallel grading slot, belonging to no user), without
@@ -46,8 +46,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
-from moe_course.course.budget import MAX_OPEN_FILES, MAX_PROCESSES, TMPFS_BYTES, WRITABLE_TMPFS_BYTES
+from moe_course.course.inside.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
+from moe_course.course.limits.budget import MAX_OPEN_FILES, MAX_PROCESSES, TMPFS_BYTES, WRITABLE_TMPFS_BYTES
 
 SCRATCH_ENV = "MOE_COURSE_SANDBOX_SCRATCH"  # set by the worker: its private folder for this submission
 SANDBOX_CHECKS_ENV = "MOE_COURSE_SANDBOX_CHECKS"  # set by the worker: the checks without references (inputs.py)
@@ -64,7 +64,8 @@ _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group")
 _KERNEL_ENV = ("MPLBACKEND", "JAX_PLATFORMS", "XLA_FLAGS", "PYTHONDONTWRITEBYTECODE", "LANG", "LC_ALL", SEED_ENV)
 ANSWERS_INSIDE, CHECKS_INSIDE = "/grading/answers", "/grading/checks.py"
-RUNTIME_MODULES = ("course/kernel.py", "course/guard.py", "course/answers.py")  # all of moe_course inside
+# all of moe_course inside the sandbox: three modules of the room that runs there (not even its compare)
+RUNTIME_MODULES = ("course/inside/kernel.py", "course/inside/guard.py", "course/inside/answers.py")
 HIDDEN_INIT = 'raise ImportError("this package is not in the grading sandbox of this assignment")\n'
 
 
@@ -121,7 +122,7 @@ def runtime_package(target: Path) -> Path:
     for module in RUNTIME_MODULES:
         (target / module).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(package / module, target / module)
-    for init in ("__init__.py", "course/__init__.py"):
+    for init in ("__init__.py", "course/__init__.py", "course/inside/__init__.py"):
         (target / init).write_text('"""The grading sandbox\'s runtime: no course library here."""\n')
     return target
 
@@ -179,7 +180,7 @@ def bwrap_argv(home: Path, private_home: Path, connection_file: Path, sockets: P
         argv += ["--setenv", name, value]
     argv += ["--", "prlimit", f"--as={memory_bytes}", f"--cpu={cpu_seconds}", f"--fsize={file_size_bytes}",
              f"--nofile={MAX_OPEN_FILES}", f"--nproc={MAX_PROCESSES}", "--core=0", "--",
-             sys.executable, "-m", "moe_course.course.kernel", "-f", str(connection_file)]
+             sys.executable, "-m", "moe_course.course.inside.kernel", "-f", str(connection_file)]
     return argv
 
 
@@ -231,14 +232,16 @@ def private_copy(home: Path, target: Path, owner: int | None = None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Launcher (the kernelspec's argv): ``python -m moe_course.course.sandbox CONNECTION_FILE``; execs bwrap."""
-    from moe_course.course import budget, guard
-    from moe_course.course.inputs import hidden_packages
+    """Launcher (the kernelspec's argv): ``python -m moe_course.course.limits.sandbox CONNECTION_FILE``; execs bwrap."""
+    from moe_course.course.limits import budget
+    from moe_course.course.inside import guard
+    from moe_course.course.limits.inputs import hidden_packages
 
     connection_file = Path((sys.argv[1:] if argv is None else argv)[0]).resolve()
     scratch = os.environ.get(SCRATCH_ENV)
     if not scratch:
-        raise SystemExit(f"{SCRATCH_ENV} is not set: the sandboxed kernel is started by moe_course.course.worker")
+        raise SystemExit(f"{SCRATCH_ENV} is not set: the sandboxed kernel is started by "
+                         "moe_course.course.limits.worker")
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
     budget.join_from_environment()
     home = Path.cwd().resolve()

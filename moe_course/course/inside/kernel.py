@@ -1,9 +1,9 @@
-"""The grading kernel: an IPython kernel that arms ``moe_course.course.guard`` before it runs any cell.
+"""The grading kernel: an IPython kernel that arms ``moe_course.course.inside.guard`` before it runs any cell.
 
 ``write_kernelspec`` puts its kernelspec (``moe-course-grader``) into a folder that the grading processes
 add to ``JUPYTER_PATH``; nbgrader's executor then starts it for every submission instead of the notebook's
-own kernel. Started as ``python -m moe_course.course.kernel -f CONNECTION_FILE``, inside bubblewrap by the
-launcher ``python -m moe_course.course.sandbox CONNECTION_FILE`` (the kernelspec's argv unless
+own kernel. Started as ``python -m moe_course.course.inside.kernel -f CONNECTION_FILE``, inside bubblewrap by the
+launcher ``python -m moe_course.course.limits.sandbox CONNECTION_FILE`` (the kernelspec's argv unless
 ``sandbox=False``).
 """
 
@@ -23,17 +23,17 @@ def write_kernelspec(jupyter_dir: Path, *, protect: list[Path], memory_bytes: in
 
     protect: folders submitted code may not read (the course directory, the solutions); memory_bytes: address
     space limit of the kernel (bytes); cpu_seconds: its CPU time limit (s); sandbox: start the kernel inside
-    bubblewrap (``moe_course.course.sandbox``; interrupts then go as messages, signals cannot reach it).
+    bubblewrap (``moe_course.course.limits.sandbox``; interrupts then go as messages, signals cannot reach it).
     Raises ValueError for a limit < 1.
     """
-    from moe_course.course import guard
+    from moe_course.course.inside import guard
 
     for name, value in (("memory_bytes", memory_bytes), ("cpu_seconds", cpu_seconds)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} is not allowed; use a positive integer")
     folder = Path(jupyter_dir) / "kernels" / KERNEL_NAME
     folder.mkdir(parents=True, exist_ok=True)
-    module = "moe_course.course.sandbox" if sandbox else "moe_course.course.kernel"
+    module = "moe_course.course.limits.sandbox" if sandbox else "moe_course.course.inside.kernel"
     spec = {
         "argv": [sys.executable, "-m", module, *([] if sandbox else ["-f"]), "{connection_file}"],
         "interrupt_mode": "message" if sandbox else "signal",
@@ -48,7 +48,7 @@ def write_kernelspec(jupyter_dir: Path, *, protect: list[Path], memory_bytes: in
             "XLA_FLAGS": "--xla_force_host_platform_device_count=1",
             "PYTHONDONTWRITEBYTECODE": "1",
             # the kernel starts in the submission's folder: import the grader's own moe_course, not another
-            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "PYTHONPATH": str(Path(__file__).resolve().parents[3]),
         },
     }
     (folder / "kernel.json").write_text(json.dumps(spec, indent=1))
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     """Start the kernel with the guard armed (the connection file comes in ``argv`` as ``-f PATH``)."""
     from ipykernel.kernelapp import IPKernelApp
 
-    from moe_course.course import guard
+    from moe_course.course.inside import guard
 
     app = IPKernelApp.instance()
     # parent_handle: ipykernel's poller ends this kernel when its grading process dies (a killed batch

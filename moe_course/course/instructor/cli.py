@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from moe_course.course.config import EXERCISES, SOLUTIONS, Limits
+from moe_course.course.limits.config import EXERCISES, SOLUTIONS, Limits
 
 DEFAULT_COURSE_DIR = "course"
 
@@ -76,7 +76,8 @@ def run(args) -> dict:
         import nbgrader  # noqa: F401
     except ImportError as err:
         raise ValueError(f"moe-course course needs nbgrader ({err}); install it with pip install -e \".[instructor]\"") from err
-    from moe_course.course import budget, build, collect, grade
+    from moe_course.course.instructor import build, collect, grade
+    from moe_course.course.limits import budget
 
     course_dir = Path(getattr(args, "course_dir", "."))
     command = args.course_command

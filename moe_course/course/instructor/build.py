@@ -16,7 +16,7 @@ from pathlib import Path
 import jupytext
 import nbformat
 
-from moe_course.course.config import EXERCISES, SOLUTIONS, checks_file, course_paths, nbgrader_config
+from moe_course.course.limits.config import EXERCISES, SOLUTIONS, checks_file, course_paths, nbgrader_config
 
 ASSIGNMENT_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
@@ -76,8 +76,8 @@ def check_inputs_only(checks: Path, seeds=(0, 1)) -> None:
 
     import numpy as np
 
-    from moe_course.course.answers import check_cases, load_checks
-    from moe_course.course.inputs import hidden_packages, inputs_only
+    from moe_course.course.inside.answers import check_cases, load_checks
+    from moe_course.course.limits.inputs import hidden_packages, inputs_only
 
     hidden_packages(checks)  # ValueError for a malformed SANDBOX_WITHOUT
     with tempfile.TemporaryDirectory() as folder:
@@ -121,7 +121,7 @@ def _sandbox_helpers(checks: Path) -> dict[str, object]:
     import inspect
     import tempfile
 
-    from moe_course.course.inputs import inputs_only
+    from moe_course.course.limits.inputs import inputs_only
 
     with tempfile.TemporaryDirectory() as folder:
         stripped = Path(folder) / checks.name
@@ -142,7 +142,7 @@ def _answered_parts(helper, check, grade_id: str, cases: list, wants) -> list[in
     functions (each giving one output), the positions p whose output a tuple of n copies of ``helper``
     gets right in every case. ``wants(n)`` gives the references of the first n cases (computed only when
     needed: the first case decides whether the others are worth computing)."""
-    from moe_course.course.compare import judge
+    from moe_course.course.inside.compare import judge
 
     def passes(outputs, pick=None) -> bool:
         for count in (1, len(cases)):
@@ -185,10 +185,10 @@ def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: in
     ReleaseError naming, for every such helper, the file and the function or check it answers."""
     import functools
 
-    from moe_course.course import shared_code
-    from moe_course.course.answers import check_cases, load_checks
-    from moe_course.course.inputs import inputs_only
-    from moe_course.course.verdict import references
+    from moe_course.course.instructor import shared_code
+    from moe_course.course.inside.answers import check_cases, load_checks
+    from moe_course.course.limits.inputs import inputs_only
+    from moe_course.course.limits.verdict import references
 
     files = sorted(p for p in (Path(solutions_dir) / "checks").glob("[0-9][0-9]_*.py")
                    if ASSIGNMENT_PATTERN.match(p.stem))
@@ -229,7 +229,7 @@ def install_checks(solution: Path, course_dir: Path) -> Path:
     that it has a check for every grade cell of the solution and nothing else, and that its sandbox version
     (without references) draws the same inputs (``check_inputs_only``); returns the copy.
     Raises ReleaseError naming the file and the grade cells that differ."""
-    from moe_course.course.answers import load_checks
+    from moe_course.course.inside.answers import load_checks
 
     name = Path(solution).stem
     checks = Path(solution).parent / "checks" / f"{name}.py"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, check_cases, load_checks
-from moe_course.course.bounded import read_regular
-from moe_course.course.compare import judge
+from moe_course.course.inside.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV, Check, check_cases, load_checks
+from moe_course.course.limits.bounded import read_regular
+from moe_course.course.inside.compare import judge
 
 MAX_ANSWER_BYTES = 64 * 2**20  # as the sandbox's file-size limit
 MAX_ITEM_BYTES = 16  # the widest number an output may be stored as (complex128 is refused later; float128 fits)

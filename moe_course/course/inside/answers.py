@@ -3,7 +3,7 @@ write its outputs, as plain numbers, where the grader (outside the sandbox) read
 
 An assignment's checks live in ``solutions/checks/NN_slug.py``: a module-level
 ``CHECKS = {grade_id: Check(...)}``. A hidden test is one call, ``record("topk_tests", top_k_routing)``. The grader
-(``moe_course.course.verdict``) draws the same inputs from the same seed, computes the references with the
+(``moe_course.course.limits.verdict``) draws the same inputs from the same seed, computes the references with the
 course library and compares; nothing the answers are compared against exists in the sandbox, where this
 module (with the kernel and the checks file) is all of ``moe_course`` there is (``sandbox.runtime_package``).
 
@@ -89,7 +89,7 @@ def record(grade_id: str, function: Callable) -> None:
     seed = int(os.environ.get(SEED_ENV, DEFAULT_SEED))
     cases = check_cases(checks[grade_id], grade_id, seed)
     if folder is None:
-        from moe_course.course.compare import judge
+        from moe_course.course.inside.compare import judge
 
         check = checks[grade_id]
         reason = judge(check, grade_id, cases, [check.outputs(function, c) for c in cases],
@@ -118,7 +118,7 @@ def record(grade_id: str, function: Callable) -> None:
 def _solution_checks() -> dict[str, Check]:
     """Outside grading: the checks file of the notebook being run, found from the working directory's
     assignment name in the repository's ``solutions/checks/`` (``MOE_COURSE_CHECKS`` overrides)."""
-    solutions = Path(__file__).resolve().parents[2] / "solutions"  # config.SOLUTIONS; answers imports no grader module
+    solutions = Path(__file__).resolve().parents[3] / "solutions"  # limits.config.SOLUTIONS; no grader import here
     names = sorted((solutions / "checks").glob(f"{Path.cwd().name}.py"))
     if not names:
         raise FileNotFoundError(f"no checks for {Path.cwd().name!r}: set {CHECKS_ENV} to the checks file")

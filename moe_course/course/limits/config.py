@@ -15,9 +15,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from moe_course.course.bounded import MAX_NOTEBOOK_BYTES
+from moe_course.course.limits.bounded import MAX_NOTEBOOK_BYTES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
 GRADEBOOK = "gradebook.db"
@@ -152,8 +152,8 @@ def autograde_preprocessors() -> list:
     from nbgrader.converters.autograde import Autograde
     from nbgrader.preprocessors import Execute, SaveAutoGrades
 
-    from moe_course.course.output_cap import CappedExecute
-    from moe_course.course.verdict import score_outside
+    from moe_course.course.limits.output_cap import CappedExecute
+    from moe_course.course.limits.verdict import score_outside
 
     chosen = []
     for preprocessor in Autograde.class_traits()["autograde_preprocessors"].default():

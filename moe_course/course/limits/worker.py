@@ -1,15 +1,16 @@
-"""Grade one student's submission of one assignment, in its own process (``moe_course.course.grade`` runs
+"""Grade one student's submission of one assignment, in its own process (``moe_course.course.instructor.grade`` runs
 one per submission, in parallel, each with a wall-clock limit).
 
 The worker grades into its own copy of the master gradebook (``gradebooks/<assignment>/<student>.db``), so
 a crash, a kill or a hostile submission can only ever lose that one student's record, and parallel workers
 never write the same database. It writes ``gradebooks/<assignment>/<student>.json``: status ("graded" or
 "failed"), the error if any, seconds, score, max_score, the score of every grade cell and
-``worker_max_rss_mib``, the peak memory this process (outside the submission's cgroup) took. A notebook over
+``worker_max_rss_mib``, the peak memory this process took (a root batch's worker runs in its submission's
+cgroup, ``budget.worker_cgroup``, limited to ``budget.WORKER_BYTES``). A notebook over
 ``bounded``'s limits is not parsed at all: its row fails with the reason. A failed
 submission also leaves nbgrader's whole log, traceback included, in ``gradebooks/<assignment>/<student>.log``.
 
-Command line: ``python -m moe_course.course.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
+Command line: ``python -m moe_course.course.limits.worker ARGUMENTS``, the arguments being COURSE_DIR, ASSIGNMENT,
 STUDENT, CELL_TIMEOUT, MEMORY_BYTES, CPU_SECONDS, OUTPUT_BYTES and NOTEBOOK_BYTES.
 """
 
@@ -27,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from moe_course.course.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
-from moe_course.course.config import Limits, checks_file, course_paths, nbgrader_config
-from moe_course.course.kernel import KERNEL_NAME
-from moe_course.course.sandbox import MAX_PROCESSES, SANDBOX_CHECKS_ENV, SANDBOX_UID_ENV, SCRATCH_ENV
-from moe_course.course.verdict import VERDICTS_ENV
+from moe_course.course.inside.answers import ANSWERS_ENV, CHECKS_ENV, SEED_ENV
+from moe_course.course.limits.config import Limits, checks_file, course_paths, nbgrader_config
+from moe_course.course.inside.kernel import KERNEL_NAME
+from moe_course.course.limits.sandbox import MAX_PROCESSES, SANDBOX_CHECKS_ENV, SANDBOX_UID_ENV, SCRATCH_ENV
+from moe_course.course.limits.verdict import VERDICTS_ENV
 
 NO_OWN_SCRATCH = ("this grader is not root and cannot create a user namespace, in which each submission gets a "
                   "scratch tmpfs of its own; grading on the shared TMPDIR is refused (one submission could fill it "
@@ -61,8 +62,9 @@ def submission_scores(db: Path, assignment: str, student: str) -> dict:
         return {"score": submission.score, "max_score": submission.max_score, "cells": cells}
 
 
-def grade_submission(course_dir: Path, assignment: str, student: str, limits: Limits) -> dict:
-    """Autograde one submission into its own gradebook copy; returns (and writes) its result record.
+def grade_submission(course_dir: Path, assignment: str, student: str, limits: Limits, group=None) -> dict:
+    """Autograde one submission into its own gradebook copy; returns (and writes) its result record. ``group``:
+    the submission's ``budget.Cgroup`` this worker runs in (``budget.worker_cgroup``), or None.
 
     A kernel that never answered at start-up (before any submitted code ran, so never the student's doing)
     is started once more; the record's error then says so if that failed too.
@@ -78,7 +80,7 @@ def grade_submission(course_dir: Path, assignment: str, student: str, limits: Li
         result_path.write_text(json.dumps(record, indent=1))
         return record
     for attempt in range(1, KERNEL_STARTS + 1):
-        outcome = _autograde(course_dir, assignment, student, limits, db, seed)
+        outcome = _autograde(course_dir, assignment, student, limits, db, seed, group)
         log = (outcome.get("log") or "") + "\n" + (outcome.get("error") or "")
         if outcome["success"] or not any(sign in log for sign in KERNEL_START_FAILURES):
             break
@@ -99,7 +101,7 @@ def oversized_notebook(course_dir: Path, assignment: str, student: str, limit: i
     """Why a notebook of the submission is too large to be parsed in this process (``bounded.read_notebook``:
     more than ``limit`` bytes, or JSON arrays and objects past the limit, with the numbers), or None. Checked
     before nbgrader reads it: this process is outside the submission's cgroup."""
-    from moe_course.course.bounded import NotebookTooLarge, read_notebook
+    from moe_course.course.limits.bounded import NotebookTooLarge, read_notebook
 
     for notebook in sorted((course_paths(course_dir)["submitted"] / student / assignment).glob("*.ipynb")):
         try:
@@ -122,7 +124,8 @@ def max_rss_mib() -> float:
         return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int) -> dict:
+def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, db: Path, seed: int,
+               group=None) -> dict:
     """One nbgrader autograde of the submission into ``db`` (a fresh copy of the master gradebook).
 
     The kernel gets the checks without their references (``inputs.inputs_only``). The kernel's sockets, the
@@ -130,7 +133,8 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     ``verdict.score_outside`` after the kernel ended), its stdout/stderr and (in the sandbox) its private copy
     of the submission's folder live in a scratch folder of this process's own, removed afterwards. Where the
     batch named a host uid for the sandbox (a root grader: ``SANDBOX_UID_ENV``), the kernel runs in a cgroup of
-    its own where the host allows one. The scratch folder is a tmpfs of ``budget.SCRATCH_BYTES`` wherever
+    its own where the host allows one: the child "kernel" of the submission's ``group`` this worker runs in, or
+    without one (a worker not started by a root batch) ``moe-grade-<pid>``. The scratch folder is a tmpfs of ``budget.SCRATCH_BYTES`` wherever
     ``budget.SCRATCH_TMPFS_ENV`` is set: by a root batch that found it can be mounted, or by ``main`` for a
     worker that is not root (in its own user namespace); both are gone afterwards.
     The checks' inputs are drawn from ``seed`` (random per submission), so answers computed before grading
@@ -138,9 +142,9 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
     """
     from nbgrader.apps import NbGraderAPI
 
-    from moe_course.course import budget
-    from moe_course.course.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
-    from moe_course.course.inputs import inputs_only
+    from moe_course.course.limits import budget
+    from moe_course.course.limits.budget import SCRATCH_TMPFS_ENV, Cgroup, mount_scratch
+    from moe_course.course.limits.inputs import inputs_only
 
     shutil.copyfile(course_paths(course_dir)["db"], db)
     uid = int(os.environ[SANDBOX_UID_ENV]) if SANDBOX_UID_ENV in os.environ else None
@@ -152,8 +156,9 @@ def _autograde(course_dir: Path, assignment: str, student: str, limits: Limits, 
             mounted = True
         if uid is not None:
             scratch.chmod(0o711)  # the sandbox's uid reaches its own folders here, and lists none of them
-            cgroup = Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
-                                   processes=MAX_PROCESSES)
+            cgroup = (group.child("kernel", memory_bytes=limits.memory_bytes, processes=MAX_PROCESSES) if group
+                      else Cgroup.create(f"moe-grade-{os.getpid()}", memory_bytes=limits.memory_bytes,
+                                         processes=MAX_PROCESSES))
         for folder in ("ipc", "answers"):
             (scratch / folder).mkdir()
             if uid is not None:
@@ -197,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
 
     A worker that is not root, and not yet on a scratch tmpfs of its own, first re-runs itself in a user and
     mount namespace of its own (``budget.own_scratch_command``), where it mounts one; where this host allows no
-    user namespace it does not grade on the shared TMPDIR but fails the row with the reason (NO_OWN_SCRATCH)."""
-    from moe_course.course import budget
+    user namespace it does not grade on the shared TMPDIR but fails the row with the reason (NO_OWN_SCRATCH).
+    A worker of a root batch that found cgroups (``budget.WORKER_CGROUP_ENV``) first moves into its submission's
+    cgroup (``budget.worker_cgroup``); the batch removes that cgroup after the worker ended."""
+    from moe_course.course.limits import budget
 
     arguments = list(sys.argv[1:] if argv is None else argv)
     course_dir, assignment, student, cell_timeout, memory, cpu, output, notebook = arguments
@@ -209,9 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             if not budget.can_own_scratch():
                 raise OSError(NO_OWN_SCRATCH)
             os.environ[budget.SCRATCH_TMPFS_ENV] = "1"
-            command = budget.own_scratch_command([sys.executable, "-m", "moe_course.course.worker", *arguments])
+            command = budget.own_scratch_command([sys.executable, "-m", "moe_course.course.limits.worker", *arguments])
             os.execvp(command[0], command)
-        record = grade_submission(Path(course_dir), assignment, student, limits)
+        group = budget.worker_cgroup(limits.memory_bytes) if os.environ.get(budget.WORKER_CGROUP_ENV) else None
+        record = grade_submission(Path(course_dir), assignment, student, limits, group)
     except Exception as error:  # RecursionError, MemoryError and OSError included
         record = {"student": student, "assignment": assignment, "status": "failed", "score": 0.0,
                   "max_score": None, "cells": {}, "seconds": None,

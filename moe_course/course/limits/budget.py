@@ -1,6 +1,6 @@
 """One resource budget per submission, enforced by the Linux kernel: a cgroup, and a size-limited scratch folder.
 
-The grading worker (``moe_course.course.worker``) creates the budget before its kernel starts and removes it
+The grading worker (``moe_course.course.limits.worker``) creates the budget before its kernel starts and removes it
 after; the sandbox launcher moves itself into the cgroup before it becomes bubblewrap, so the kernel and
 everything it starts are counted together:
 
@@ -11,6 +11,14 @@ everything it starts are counted together:
   and ``cpu`` controllers where those are what the host mounts). Only where this process may create cgroups
   (a root grader on most hosts); elsewhere ``create`` returns None and the per-process limits of ``prlimit``
   are what holds (docs/instructors.md, "Trust").
+- ``user_scope``: a grader that is not root gets the same bound on a submission's memory as a whole where a
+  systemd user manager has the memory controller delegated to it (``can_use_user_scope`` probes it): the worker
+  starts under ``systemd-run --user --scope -p MemoryMax=...`` (``submission_bytes``: its kernel, tmpfs and
+  itself). Elsewhere memory is capped per process only, which the batch says in one line (``per_process_only``).
+- ``worker_cgroup``: a root batch's grading worker runs in its submission's cgroup too, so the two share the
+  submission's CPU weight: ``moe-grade-<pid>`` holds ``worker`` (the worker process, WORKER_BYTES) and, while
+  the kernel runs, ``kernel`` (``--memory-mb``). Whatever a submission makes its worker hold (messages it
+  floods the worker with) is bounded by WORKER_BYTES, which the jobs x memory check counts.
 - ``mount_scratch``: the worker's scratch folder (the kernel's writable copy of the submission's folder, the
   answers folder, its sockets) as a tmpfs of ``SCRATCH_BYTES`` and ``SCRATCH_INODES``, mounted with util-linux
   ``mount`` in the worker's own mount namespace (``grade`` starts a root worker under ``unshare --mount``), so
@@ -27,6 +35,8 @@ everything it starts are counted together:
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import time
@@ -42,8 +52,12 @@ WRITABLE_TMPFS_BYTES = 2 * TMPFS_BYTES  # /tmp and /dev/shm; /, /dev and the hid
 MAX_PROCESSES = 512  # processes and threads of the kernel (XLA starts a thread pool per core)
 MAX_OPEN_FILES = 1024
 CPU_WEIGHT = 100  # cgroup v2 default; every submission gets the same (v1: cpu.shares 1024)
-_V1 = {"memory": ("memory.limit_in_bytes", "memory.memsw.limit_in_bytes"), "pids": ("pids.max",),
-       "cpu": ("cpu.shares",)}
+WORKER_BYTES = 1024 * 2**20  # the grading worker's cgroup: nbgrader, the references it computes, what it reads
+WORKER_CGROUP_ENV = "MOE_COURSE_WORKER_CGROUP"  # set by a root batch whose host gives cgroups: see worker_cgroup
+_V1 = ("memory", "pids", "cpu")
+# the limit files a cgroup may have (v2, then v1), in the order they are written: v1's memsw after memory
+_LIMITS = ("memory.max", "memory.swap.max", "pids.max", "cpu.weight",
+           "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "cpu.shares")
 
 
 def _mounts() -> list[tuple[str, str, list[str]]]:
@@ -68,6 +82,30 @@ def _own_paths() -> dict[str, str]:
 
 def _write(path: Path, value) -> None:
     path.write_text(f"{value}\n")
+
+
+def _delegate(folder: Path) -> None:
+    """Enable the memory, pids and (where offered) cpu controllers for the children of cgroup v2 ``folder``.
+    Raises OSError (EBUSY) where ``folder`` holds processes of its own (cgroup v2's no-internal-process rule)."""
+    enabled = set((folder / "cgroup.subtree_control").read_text().split())
+    if not {"memory", "pids"} <= enabled:
+        _write(folder / "cgroup.subtree_control", "+memory +pids")
+    if "cpu" in (folder / "cgroup.controllers").read_text().split() and "cpu" not in enabled:
+        try:
+            _write(folder / "cgroup.subtree_control", "+cpu")
+        except OSError:  # refused while a real-time process runs below (CONFIG_RT_GROUP_SCHED): no weight then
+            pass
+
+
+def _limit(folder: Path, memory_bytes: int, processes: int) -> None:
+    """Write the limits into cgroup ``folder`` (v2, or one v1 controller's): memory with no swap, processes and
+    threads, and the CPU weight every submission gets -- each where the folder has its file."""
+    values = {"memory.max": memory_bytes, "memory.swap.max": 0, "pids.max": processes, "cpu.weight": CPU_WEIGHT,
+              "memory.limit_in_bytes": memory_bytes, "memory.memsw.limit_in_bytes": memory_bytes,
+              "cpu.shares": 1024}
+    for name in _LIMITS:
+        if (folder / name).exists():
+            _write(folder / name, values[name])
 
 
 @dataclass
@@ -95,18 +133,12 @@ class Cgroup:
         parent = Path(mount) / own.lstrip("/")
         if not {"memory", "pids"} <= set((parent / "cgroup.controllers").read_text().split()):
             return None
-        enabled = set((parent / "cgroup.subtree_control").read_text().split())
-        if not {"memory", "pids"} <= enabled:
-            _write(parent / "cgroup.subtree_control", "+memory +pids")  # EBUSY where the parent has processes
+        _delegate(parent)  # EBUSY where the parent has processes
         folder = parent / name
         folder.mkdir()
         group = cls([folder])
         try:
-            _write(folder / "memory.max", memory_bytes)
-            _write(folder / "pids.max", processes)
-            for setting, value in (("memory.swap.max", 0), ("cpu.weight", CPU_WEIGHT)):
-                if (folder / setting).exists():
-                    _write(folder / setting, value)
+            _limit(folder, memory_bytes, processes)
         except OSError:
             group.remove()
             raise
@@ -124,14 +156,27 @@ class Cgroup:
             return None
         group = cls([])
         try:
-            for controller, parent in points.items():
+            for parent in points.values():
                 folder = parent / name
                 folder.mkdir()
                 group.folders.append(folder)
-                limit = {"memory": memory_bytes, "pids": processes, "cpu": 1024}[controller]
-                for setting in _V1[controller]:  # memsw after memory: it may not be set below it
-                    if (folder / setting).exists():
-                        _write(folder / setting, limit)
+                _limit(folder, memory_bytes, processes)
+        except OSError:
+            group.remove()
+            raise
+        return group
+
+    def child(self, name: str, *, memory_bytes: int, processes: int) -> "Cgroup":
+        """A cgroup ``name`` below this one (in each of its folders), limited as ``create`` limits one; this
+        cgroup (v2) must hold no process of its own. Raises OSError where the host refuses."""
+        group = Cgroup([])
+        try:
+            for folder in self.folders:
+                if (folder / "cgroup.subtree_control").exists():
+                    _delegate(folder)
+                (folder / name).mkdir()
+                group.folders.append(folder / name)
+                _limit(folder / name, memory_bytes, processes)
         except OSError:
             group.remove()
             raise
@@ -143,10 +188,12 @@ class Cgroup:
             _write(folder / "cgroup.procs", pid or os.getpid())
 
     def remove(self, timeout: float = 10.0) -> None:
-        """Kill every process left in the cgroup and remove its folders (OSError is left to the caller only
-        when a folder cannot be removed within ``timeout`` seconds)."""
+        """Kill every process left in the cgroup and in the cgroups below it and remove their folders, the
+        deepest first (OSError is left to the caller only when a folder cannot be removed within ``timeout``
+        seconds)."""
         deadline = time.monotonic() + timeout
-        for folder in self.folders:
+        below = [path for top in self.folders if top.is_dir() for path in top.rglob("*") if path.is_dir()]
+        for folder in sorted(below, key=lambda path: -len(path.parts)) + self.folders:
             while folder.exists():
                 try:
                     pids = [int(p) for p in (folder / "cgroup.procs").read_text().split()]
@@ -172,6 +219,24 @@ class Cgroup:
 LEFTOVER_PREFIX = "moe-grade-"  # a worker's cgroup is moe-grade-<pid>, its scratch folder moe-grade-<pid>-*
 
 
+def worker_cgroup(memory_bytes: int) -> Cgroup | None:
+    """For a grading worker: its submission's cgroup ``moe-grade-<pid>`` (``memory_bytes`` + WORKER_BYTES, twice
+    MAX_PROCESSES), with this process moved into its child ``worker`` (WORKER_BYTES, MAX_PROCESSES: the XLA
+    thread pools of the references it computes) -- the kernel's cgroup is made beside it (``Cgroup.child``
+    "kernel"). None where no cgroup can be made; the batch removes it after the worker ends (``remove_leftovers``).
+    """
+    group = Cgroup.create(f"{LEFTOVER_PREFIX}{os.getpid()}", memory_bytes=memory_bytes + WORKER_BYTES,
+                          processes=2 * MAX_PROCESSES)
+    if group is None:
+        return None
+    try:
+        group.child("worker", memory_bytes=WORKER_BYTES, processes=MAX_PROCESSES).join()
+    except OSError:
+        group.remove()
+        return None
+    return group
+
+
 def _cgroup_parents() -> list[Path]:
     """The folders a worker's cgroup is created in: this process's own cgroup in every hierarchy it can see."""
     own, parents = _own_paths(), []
@@ -184,11 +249,13 @@ def _cgroup_parents() -> list[Path]:
 
 
 def _worker_runs(pid: int) -> bool:
-    """Whether process ``pid`` is a running grading worker (``python -m moe_course.course.worker``)."""
+    """Whether process ``pid`` is a running grading worker (``python -m moe_course.course.limits.worker``, or
+    the worker module of another release: batches of two installations may share this machine's cgroups)."""
     try:
-        return b"moe_course.course.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    return re.search(rb"moe_course\.course\.(\w+\.)?worker\b", command) is not None
 
 
 def remove_leftovers(tmpdir: Path, pids=None) -> list[Path]:
@@ -338,12 +405,39 @@ def machine_memory_bytes() -> int:
     return min(memory_limits().values())
 
 
+PROBE_BYTES = 256 * 2**20  # the MemoryMax of can_use_user_scope's probe scope
+
+
+def user_scope(memory_bytes: int) -> list[str]:
+    """The prefix that runs a command in a transient systemd user scope of its own whose memory, swap excluded,
+    is capped at ``memory_bytes`` (systemd.resource-control(5) ``MemoryMax``, ``MemorySwapMax``); systemd-run
+    execs the command, so its process id stays the command's."""
+    return ["systemd-run", "--user", "--scope", "--quiet", "-p", f"MemoryMax={memory_bytes}", "-p",
+            "MemorySwapMax=0", "--"]
+
+
+def can_use_user_scope() -> bool:
+    """Whether this grader, not root, can cap a submission's memory with a systemd user scope (``user_scope``):
+    ``systemd-run`` is installed, a user manager answers, and it has the memory controller delegated -- a probe
+    scope of PROBE_BYTES reads that number in its own cgroup's ``memory.max`` (cgroup v2)."""
+    if os.geteuid() == 0 or shutil.which("systemd-run") is None:
+        return False
+    own_limit = 'cat "/sys/fs/cgroup$(sed -n "s/^0:://p" /proc/self/cgroup)/memory.max"'
+    try:
+        probe = subprocess.run([*user_scope(PROBE_BYTES), "sh", "-c", own_limit], capture_output=True, text=True,
+                               timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0 and probe.stdout.strip() == str(PROBE_BYTES)
+
+
 def per_process_only(memory_bytes: int) -> str:
     """The one line a batch prints where no cgroup caps a submission as a whole (a grader that is not root, or
     a host that lets it create none): what ``memory_bytes`` per process then allows one submission to hold."""
-    from moe_course.course.guard import FILE_SIZE_BYTES
+    from moe_course.course.inside.guard import FILE_SIZE_BYTES
 
-    return (f"memory is capped per process only (no cgroup per submission: grade as root for one): each of a "
+    return (f"memory is capped per process only (no cgroup per submission: grade as root, or as a user whose "
+            f"systemd manager has the memory controller delegated, for one): each of a "
             f"submission's up to {MAX_PROCESSES} processes may take {memory_bytes // 2**20} MiB (--memory-mb), and "
             f"memfd files, which count against no process, {FILE_SIZE_BYTES // 2**20} MiB each with "
             f"{MAX_OPEN_FILES} open per process")
@@ -351,8 +445,9 @@ def per_process_only(memory_bytes: int) -> str:
 
 def submission_bytes(memory_bytes: int, sandbox: bool = True) -> int:
     """What one submission can hold in RAM at once (bytes): its kernel's memory limit ``memory_bytes``, its
-    scratch tmpfs (SCRATCH_BYTES) and, in the sandbox, its writable tmpfs (WRITABLE_TMPFS_BYTES)."""
-    return memory_bytes + SCRATCH_BYTES + (WRITABLE_TMPFS_BYTES if sandbox else 0)
+    scratch tmpfs (SCRATCH_BYTES), in the sandbox its writable tmpfs (WRITABLE_TMPFS_BYTES), and its grading
+    worker (WORKER_BYTES, the limit of the worker's cgroup where a root grader gets one)."""
+    return memory_bytes + SCRATCH_BYTES + (WRITABLE_TMPFS_BYTES if sandbox else 0) + WORKER_BYTES
 
 
 def fits(jobs: int, memory_bytes: int, sandbox: bool = True, machine_bytes: int | None = None) -> None:
@@ -369,8 +464,11 @@ def fits(jobs: int, memory_bytes: int, sandbox: bool = True, machine_bytes: int 
         where, machine = "this machine's", machine_bytes
     each = submission_bytes(memory_bytes, sandbox)
     if each * jobs > machine:
-        tmpfs = each - memory_bytes
+        tmpfs = each - memory_bytes - WORKER_BYTES
+        lower = [f"--jobs to {machine // each}"] if machine >= each else []
+        if (memory := (machine // jobs - tmpfs - WORKER_BYTES) // 2**20) >= 1:
+            lower.append(f"--memory-mb to {memory}")
         raise ValueError(f"--jobs {jobs} x ({memory_bytes // 2**20} MiB --memory-mb + {tmpfs // 2**20} MiB of "
-                         f"tmpfs per submission) = {each * jobs // 2**20} MiB is more than {where} "
-                         f"{machine // 2**20} MiB: lower --jobs to {max(1, machine // each)} or --memory-mb to "
-                         f"{max(0, (machine // jobs - tmpfs)) // 2**20}")
+                         f"tmpfs + {WORKER_BYTES // 2**20} MiB for the grading worker per submission) = "
+                         f"{each * jobs // 2**20} MiB is more than {where} {machine // 2**20} MiB: "
+                         + (f"lower {' or '.join(lower)}" if lower else "not one submission fits"))

@@ -1,9 +1,9 @@
 """Autograde a whole class in one batch, write feedback and export the grades (nbgrader's Python API).
 
-Every submission is graded by its own process (``moe_course.course.worker``) in its own session, at most
-``jobs`` at a time, each under a wall-clock limit, with the grading kernel of ``moe_course.course.kernel``
-in the bubblewrap sandbox of ``moe_course.course.sandbox`` (resource limits, file policy, restored modules) and nbgrader's per-cell timeout. Whatever one submission
-does -- loop forever, exit, crash its kernel, exhaust memory, edit the tests, or not be a notebook at all --
+Every submission is graded by its own process (``moe_course.course.limits.worker``) in its own session, at most
+``jobs`` at a time, each under a wall-clock limit, with the grading kernel of ``moe_course.course.inside.kernel``
+in the bubblewrap sandbox of ``moe_course.course.limits.sandbox`` (resource limits, file policy, restored
+modules) and nbgrader's per-cell timeout. Whatever one submission does -- loop forever, exit, crash its kernel, exhaust memory, edit the tests, or not be a notebook at all --
 it ends with a record for that student and cannot touch the grade of another: there is no shared process
 and no shared database to corrupt. A submission whose kernel dies is marked "failed" with the reason and
 scores 0 until a human regrades it.
@@ -26,13 +26,13 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from moe_course.course import budget
-from moe_course.course import feedback as feedback_pages
-from moe_course.course import sandbox as bubblewrap
-from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
-from moe_course.course.flags import scan_notebook
-from moe_course.course.kernel import write_kernelspec
-from moe_course.course.worker import record_paths
+from moe_course.course.inside.kernel import write_kernelspec
+from moe_course.course.instructor import feedback as feedback_pages
+from moe_course.course.instructor.flags import scan_notebook
+from moe_course.course.limits import budget
+from moe_course.course.limits import sandbox as bubblewrap
+from moe_course.course.limits.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
+from moe_course.course.limits.worker import record_paths
 
 SANDBOX_UID = 60000  # the first host uid of a root grader's kernels (as isolate, the IOI sandbox, uses)
 GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags", "sandbox")
@@ -46,9 +46,11 @@ def submitted_students(course_dir: Path, assignment: str) -> list[str]:
 
 
 def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits, uid: int | None,
-                tmpfs: bool = False) -> dict:
+                tmpfs: bool = False, cgroup: bool = False, scope_bytes: int | None = None) -> dict:
     """Grade one student in a worker process, its kernel as sandbox host ``uid`` when given, and with ``tmpfs``
-    under ``unshare --mount`` with its scratch folder on a tmpfs (``budget.mount_scratch``);
+    under ``unshare --mount`` with its scratch folder on a tmpfs (``budget.mount_scratch``), with ``cgroup``
+    in its submission's cgroup (``budget.worker_cgroup``; removed here after the worker ended), with
+    ``scope_bytes`` (a grader that is not root) in a systemd user scope of that memory (``budget.user_scope``);
     returns its record. Whatever fails here -- the worker, its output, its record -- gives a "failed" record
     with the reason. The worker's output goes to a file, of which the last 300 characters are read (the
     kernel's own stdout and stderr go to ``sandbox.KERNEL_OUTPUT``, never here)."""
@@ -58,15 +60,19 @@ def _run_worker(course_dir: Path, assignment: str, student: str, limits: Limits,
         db, result = record_paths(course_dir, assignment, student)
         result.parent.mkdir(parents=True, exist_ok=True)
         result.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "moe_course.course.worker", str(Path(course_dir).resolve()), assignment,
+        command = [sys.executable, "-m", "moe_course.course.limits.worker", str(Path(course_dir).resolve()), assignment,
                    student, str(limits.cell_timeout), str(limits.memory_bytes), str(limits.cpu_seconds),
                    str(limits.output_bytes), str(limits.notebook_bytes)]
         env = grading_env(course_dir)
         if uid is not None:
             env[bubblewrap.SANDBOX_UID_ENV] = str(uid)
+        if cgroup:
+            env[budget.WORKER_CGROUP_ENV] = "1"
         if tmpfs:  # a private mount namespace for the worker's scratch tmpfs
             env[budget.SCRATCH_TMPFS_ENV] = "1"
             command = ["unshare", "--mount", "--propagation", "private", "--", *command]
+        if scope_bytes is not None:
+            command = [*budget.user_scope(scope_bytes), *command]
         with tempfile.TemporaryFile() as output:
             process = subprocess.Popen(command, env=env, start_new_session=True, stdout=output,
                                        stderr=subprocess.STDOUT)
@@ -94,17 +100,22 @@ def _tail(output, chars: int = 300) -> str:
     return output.read().decode(errors="replace")[-chars:]
 
 
-def sandbox_limits(uid: int | None) -> dict[str, str]:
+def sandbox_limits(uid: int | None, scope_bytes: int = 0) -> dict[str, str]:
     """Which limits hold for this batch's kernels, beyond bubblewrap and prlimit's per-process limits, as
     {limit: how}: "uid" (the host uid a root grader drops to; ``uid`` None: a grader that is not root),
     "scratch" (a tmpfs per submission: root where mounts are allowed, any grader in a user namespace of its own),
-    "cgroup" (cgroup v2 or v1, where a root grader may create one)."""
+    "cgroup" (cgroup v2 or v1, where a root grader may create one; for a grader that is not root, a systemd user
+    scope of ``scope_bytes`` per submission where its manager has memory delegated, ``budget.can_use_user_scope``).
+    """
     held = {} if uid is None else {"uid": f"host uids from {uid}"}
     if budget.can_own_scratch():
         held["scratch"] = (f"tmpfs of {budget.SCRATCH_BYTES // 2**20} MiB per submission"
                            + ("" if uid is not None else " (in a user namespace of its own)"))
     if uid is not None and (version := budget.cgroup_version()):
-        held["cgroup"] = f"{version}: memory, processes, CPU weight per submission"
+        held["cgroup"] = f"{version}: memory, processes, CPU weight per submission, its grading worker included"
+    elif uid is None and budget.can_use_user_scope():
+        held["cgroup"] = (f"systemd user scope: memory {scope_bytes // 2**20} MiB per submission (systemd-run "
+                          "--user --scope -p MemoryMax), its grading worker included")
     return held
 
 
@@ -132,11 +143,13 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
     """Grade ``students`` (default: everyone in ``submitted/``) of ``assignment``, ``jobs`` at a time.
 
     The assignment must have been released into ``course_dir`` (``build.release``). Every kernel runs in
-    bubblewrap (``moe_course.course.sandbox``) unless ``sandbox`` is False, which each record then says in
+    bubblewrap (``moe_course.course.limits.sandbox``) unless ``sandbox`` is False, which each record then says in
     its ``sandbox`` field. Run as root, the grader runs each kernel as an unprivileged host uid, one of
     ``jobs`` from ``sandbox_uid`` on (``sandbox_uids``), in a cgroup and on a tmpfs of its own (``budget``).
-    Where no cgroup holds (not root, or a host that gives none), one line on stderr says so before grading
-    (``budget.per_process_only``).
+    A grader that is not root runs each worker in a systemd user scope capping the submission's memory where
+    its user manager has the memory controller delegated (``budget.can_use_user_scope``). One line on stderr
+    says before grading which bound holds: that per submission, or where none does (not root and no such scope,
+    or a host that gives no cgroup) that memory is capped per process only (``budget.per_process_only``).
     Returns one record per student (see ``worker``), with ``flags`` from ``flags.scan_notebook`` added; any
     error while grading or flagging one submission stays in that student's record. Raises ValueError for
     jobs < 1, an assignment that is not in the course, or (with ``sandbox``) a host where bubblewrap is
@@ -155,10 +168,13 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
                      memory_bytes=limits.memory_bytes, cpu_seconds=limits.cpu_seconds, sandbox=sandbox)
     students = list(students) if students else submitted_students(course_dir, assignment)
     budget.remove_leftovers(Path(tempfile.gettempdir()))  # of workers an earlier batch lost (killed with it)
-    limits_held = sandbox_limits(uids[0]) if sandbox else {}
-    if "cgroup" not in limits_held:  # said at the start of every batch: the instructor decides on it
-        print(f"moe-course course autograde: {budget.per_process_only(limits.memory_bytes)}", file=sys.stderr,
-              flush=True)
+    scope_bytes = budget.submission_bytes(limits.memory_bytes, sandbox)
+    limits_held = sandbox_limits(uids[0], scope_bytes) if sandbox else {}
+    # said at the start of every batch: the instructor decides on it
+    said = (f"memory is capped per submission: {limits_held['cgroup']}" if "cgroup" in limits_held
+            else budget.per_process_only(limits.memory_bytes))
+    print(f"moe-course course autograde: {said}", file=sys.stderr, flush=True)
+    scope = uids[0] is None and "cgroup" in limits_held
     free = queue.SimpleQueue()
     for uid in uids:
         free.put(uid)
@@ -169,7 +185,9 @@ def autograde(course_dir: Path, assignment: str, students=None, *, jobs: int = 2
             # a root grader mounts the worker's scratch here; a plain grader's worker does so in its own user
             # namespace (worker.main), so it is not wrapped
             return _run_worker(course_dir, assignment, student, limits, uid,
-                               tmpfs=uid is not None and "scratch" in limits_held)
+                               tmpfs=uid is not None and "scratch" in limits_held,
+                               cgroup=uid is not None and "cgroup" in limits_held,
+                               scope_bytes=scope_bytes if scope else None)
         finally:
             free.put(uid)
 
@@ -192,7 +210,7 @@ def feedback(course_dir: Path, assignment: str, students=None, *,
              seconds: int = feedback_pages.FEEDBACK_SECONDS) -> dict[str, Path]:
     """HTML feedback per graded student (default: every submitted one; those not graded are left out), without
     the hidden tests (their text is cleared from the cells, their tracebacks cut to one line), made inert by
-    ``moe_course.course.feedback``: the whole page cleaned by an allow-list sanitizer (nh3) and headed by a
+    ``moe_course.course.instructor.feedback``: the whole page cleaned by an allow-list sanitizer (nh3) and headed by a
     Content-Security-Policy, so the file the instructor opens runs no script and requests nothing, whatever
     the notebook held; oversized markup is replaced by a notice, and a student whose page takes longer than
     ``seconds`` gets a one-line "feedback skipped: ..." page instead. Returns {student: html path}.

@@ -879,10 +879,10 @@ for variant, label in ((FIG3, "4x4 patches"), ("", "8x8 patches")):
 # threshold tau* -- the paper's 32 experts with S = e^tau_text = 1, 4, 9 and 16, three seeds each (section 4):
 # zero-shot means 0.851-0.854 against the dense model's 0.824 on the same seeds, but per seed -1.3 to +0.2 points on
 # seeds 0 and 2 and +9.2 to +10.2 on seed 1, again the low dense run; *the buffers* -- C = 0.5 (section 3, one or two
-# seeds): zero-shot lower than at C = 1; *seeds* -- 0, 1, 2 everywhere. Not swept: *the steps* (3,000 of 128 pairs in every run,
-# 384,000 pairs seen; the paper's Table 2 trains 100,000 steps of 8,096 pairs, about 800 million), *the aux weight*
-# (0.04 throughout), *the data* (1,040 training canvases whose captions name only class, size and place), and *the
-# model size* (one backbone, 4 blocks of width 64; LIMoE 390k parameters, dense 157k).
+# seeds): zero-shot lower than at C = 1; *seeds* -- 0, 1, 2 everywhere. Not swept: *the steps* (3,000 of 128 pairs in
+# every run, 384,000 pairs seen; the paper's Table 2 trains 100,000 steps of 8,096 pairs, about 800 million), *the
+# aux weight* (0.04 throughout), *the data* (1,040 training canvases whose captions name only class, size and place),
+# and *the model size* (one backbone, 4 blocks of width 64; LIMoE 390k parameters, dense 157k).
 #
 # Why it does not reproduce here. Zero-shot on ten digits is bound by what the captions teach, not by what a model
 # can store: the dense model already reaches 0.82-0.87, and seed-to-seed spread (up to 9 points) swamps any gap. The

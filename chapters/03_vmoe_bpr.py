@@ -648,8 +648,9 @@ else:
 #
 # - Riquelme et al. 2021, *Scaling Vision with Sparse Mixture of Experts* (V-MoE),
 #   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2 (the V-MoE architecture), Sec. 4 and App. C
-#   (Batch Prioritized Routing, Algorithms 1-2, App. C.3 on training at low capacity), Fig. 5 (dropped
-#   patches), Fig. 7 (accuracy against the capacity ratio), Fig. 8 (routing by class), App. E.4 (changing k).
+#   (Batch Prioritized Routing, Algorithms 1-2, App. C.3 and Figs. 21-22 on training at low capacity), Fig. 2
+#   and Table 1 (V-MoE against dense ViTs), Fig. 5 (dropped patches), Fig. 7 (accuracy against the capacity
+#   ratio), Fig. 8 (routing by class), App. E.4 (changing k).
 # - Reference code and the released checkpoints of section 7:
 #   [google-research/vmoe](https://github.com/google-research/vmoe) (`vmoe/nn/routing.py`,
 #   `configs/vmoe_paper/`).

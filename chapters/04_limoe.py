@@ -1077,7 +1077,7 @@ else:
 #   [arXiv:2206.02770](https://arxiv.org/abs/2206.02770): Sec. 2 (the one-tower model, Eq. 1 the contrastive
 #   loss, the local and global entropy losses and their threshold), Fig. 3 (collapse and the entropy losses),
 #   Fig. 5 (the image:text balance), Figs. 9-10 (the threshold), App. B (all auxiliary losses; B.2 the expert
-#   count), App. E.4 (expert pruning), Table 2 (LIMoE against dense).
+#   count), App. E.4 (expert pruning), Table 2 and Fig. 4 / Table 4 (LIMoE against dense).
 # - Radford et al. 2021, *Learning Transferable Visual Models From Natural Language Supervision* (CLIP),
 #   [arXiv:2103.00020](https://arxiv.org/abs/2103.00020): zero-shot classification with prompt ensembles.
 # - Riquelme et al. 2021 (V-MoE), [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): the importance and

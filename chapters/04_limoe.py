@@ -398,8 +398,8 @@ _ = fig.suptitle(f"Fig. 3 at toy scale: 4x4 patches, 8 experts, aux weight 0.04,
 
 # %% [markdown]
 # **Claim: at 8 experts the local entropy loss collapses text onto one expert on most seeds, the five terms prevent
-# it, and text is served anyway; the classic losses serve text worst.** The collapse costs nothing here, and
-# zero-shot accuracy hardly separates the three settings.
+# it, and text is served anyway; the classic losses serve text worst.** Zero-shot accuracy hardly separates the
+# three.
 
 # %%
 # recorded runs: the claims above, checked on moe_course/results/limoe.jsonl (the same for every learner)
@@ -420,8 +420,8 @@ assert all(zero_shot["classic"][seed] >= max(zero_shot["local"][seed], zero_shot
            for seed in zero_shot["classic"]), zero_shot
 
 # %% [markdown]
-# With the paper's 32 experts one buffer holds a quarter of a group's text, so a collapse would cost text. The +
-# local model at 32 experts (`--experts 32`; one seed, an observation):
+# At the paper's 32 experts a buffer holds a quarter of a group's text, so a collapse would cost text. The + local
+# model there (`--experts 32`; one seed):
 #
 # <details><summary>The arithmetic</summary>
 #
@@ -523,9 +523,8 @@ assert abs(fig5["paper"].mean - fig5["classic"].mean) < max(fig5["paper"].std, f
 assert fig3["paper"].mean < fig5["paper"].mean, (fig3, fig5)  # 4x4 patches: more FLOPs, no better
 
 # %% [markdown]
-# **One LIMoE trained here.** The rest of the chapter looks inside a model trained in this notebook, the
-# `digits-limoe` preset (8x8 patches, 8 experts, the five aux terms) for 1,200 steps -- about two minutes on two
-# cores. The training loop logs the success rate of every MoE layer and modality.
+# **One LIMoE trained here.** The rest of the chapter looks inside a `digits-limoe` model trained here for 1,200
+# steps (about two minutes on two cores), logging every MoE layer's success rate per modality.
 #
 # <details><summary>Its recipe</summary>
 #
@@ -921,8 +920,7 @@ for variant, label in ((FIG3, "4x4 patches"), ("", "8x8 patches")):
 
 # %% [markdown]
 # **Claim: against the dense one-tower model of equal FLOPs, LIMoE ties in zero-shot accuracy at both balances (no
-# consistent sign over the seeds) and leads in image-to-text retrieval on every seed.** The paper's zero-shot gain
-# does not show at this scale.
+# consistent sign over the seeds) and leads in image-to-text retrieval on every seed.**
 
 # %%
 # recorded runs: the claim above, checked on moe_course/results/limoe.jsonl
@@ -1015,9 +1013,9 @@ for mode, accuracies in pruning.items():
 # </details>
 
 # %% [markdown]
-# Keeping all 8 experts gives the unpruned model's accuracy in both modes (the cell below checks it). The paper finds
-# router_pred the better one when many experts go. **Here the two modes differ by a point or less of zero-shot
-# accuracy, and which one is ahead changes with the seed and even with the CPU that trained the model.**
+# With all 8 kept, both modes give the unpruned accuracy (checked below). The paper finds router_pred better when
+# many experts go. **Here the two modes differ by a point or less of zero-shot accuracy, and which one is ahead
+# changes with the seed and even with the CPU that trained the model.**
 #
 # <details><summary>How sure are we? Why the modes differ, four runs, two instruction sets</summary>
 #
@@ -1037,9 +1035,15 @@ assert pruning["router_drop"][0] == pruning["router_pred"][0] == score["zero_sho
 # %% [markdown]
 # ## 7. Full scale
 #
-# The same code builds the paper's models -- `limoe-b/16` (and its dense one-tower baseline
-# `dense-one-tower-b/16`) and `limoe-l/16`: 32 experts in every second block, K = 1, BPR, text of 16 tokens.
-# Their sizes come from shapes only:
+# The same code builds the paper's `limoe-b/16`, `limoe-l/16` and `dense-one-tower-b/16`; their sizes come from
+# shapes only:
+#
+# <details><summary>The paper's layout</summary>
+#
+# 32 experts in every second block, K = 1, BPR, text of 16 tokens; `dense-one-tower-b/16` is LIMoE-B/16's dense
+# one-tower baseline.
+#
+# </details>
 
 # %%
 for name in ("limoe-b/16", "dense-one-tower-b/16", "limoe-l/16"):

@@ -109,9 +109,9 @@ print("JAX devices:", jax.devices(), "| seed", SEED)
 #
 # `MoE(x) = sum_i g(x)_i e_i(x)`,
 #
-# where each expert `e_i` is a function of the token (here, as in V-MoE, an MLP with its own weights) and the gate
-# `g(x)` is a vector of `E` weights that depends on the token. If `g` is a softmax, every weight is positive, so
-# every expert must run on every token: `E` MLPs per token. The whole point of what follows is to make `g` sparse.
+# where each expert `e_i` is an MLP with its own weights (as in V-MoE) and the gate `g(x)` is a vector of `E` weights
+# that depends on the token. If `g` is a softmax, every weight is positive, so every expert must run on every token:
+# `E` MLPs per token. What follows makes `g` sparse.
 #
 # Our tokens are real: four cluttered test digits, cut into patches and embedded by a fresh `digits-tiny` ViT of
 # chapter 1 -- 64 tokens of width 64.
@@ -599,14 +599,13 @@ assert all((s < TOKENS).sum() == served_vanilla.sum() for s in slot_tokens.value
 # %% [markdown]
 # ## 5. Dispatch and combine, two ways
 #
-# An allocation says, for every choice, which slot of which expert's buffer it occupies. **Dispatch** copies the
-# tokens into the buffers, the experts run on their buffers, and **combine** sends each output back to its token,
-# weighted by the gate -- dropped choices add nothing.
+# An allocation gives every choice a slot in an expert's buffer. **Dispatch** copies the tokens into the buffers, the
+# experts run on their buffers, and **combine** sends each output back to its token, weighted by the gate -- dropped
+# choices add nothing.
 #
 # **The one-hot way** (GShard, google-research/vmoe): a dispatch tensor with a 1 where token `t` sits in slot `b` of
 # expert `e`, and a combine tensor, the same with the gate in place of the 1. Then both steps are einsums. We build
-# the two tensors with a loop and compare them with the library's, at `k = 2` and `C = 0.5`, so that some choices are
-# dropped:
+# them with a loop and compare with the library's, at `k = 2` and `C = 0.5` (some choices dropped):
 #
 # <details><summary>The shapes</summary>
 #
@@ -921,10 +920,10 @@ assert served_mass["bpr", 0.1] > served_mass["vanilla", 0.1]
 # ## The same layer in PyTorch
 #
 # Every routing function and layer of this chapter has a PyTorch twin in `moe_course.torch`, with the same names,
-# arguments and errors. `torch_state_dict` lays the NNX layer's weights out for PyTorch, and the twin then makes the
-# *same decisions*: the same experts, the same served and dropped choices, the same buffer fill. Here at `C = 0.5`
-# with BPR we compare the outputs, the aux loss and the gradient with respect to the tokens. (PyTorch is optional:
-# `pip install 'moe-course[torch]'`, see the README.)
+# arguments and errors. Given the NNX layer's weights (`torch_state_dict`), the twin makes the *same decisions*:
+# experts, served and dropped choices, buffer fill. Here at `C = 0.5` with BPR we compare the outputs, the aux loss
+# and the gradient with respect to the tokens. (PyTorch is optional: `pip install 'moe-course[torch]'`, see the
+# README.)
 #
 # <details><summary>The twins and the weight layout</summary>
 #

@@ -109,14 +109,19 @@ print("JAX devices:", jax.devices(), "| seed", SEED)
 #
 # `MoE(x) = sum_i g(x)_i e_i(x)`,
 #
-# where each expert `e_i` is a function of the token (here, as in V-MoE, an MLP of the ViT shape with its
-# own weights) and the gate `g(x)` is a vector of `E` weights that depends on the token. If `g` is a
-# softmax, every weight is positive, so every expert must run on every token: the layer costs `E` MLPs per
-# token. Keep that in mind; the whole point of what follows is to make `g` sparse.
+# where each expert `e_i` is an MLP with its own weights (as in V-MoE) and the gate `g(x)` is a vector of `E` weights
+# that depends on the token. If `g` is a softmax, every weight is positive, so every expert must run on every token:
+# `E` MLPs per token. What follows makes `g` sparse.
 #
-# Our tokens are real: four cluttered test digits, each cut into a 4x4 grid of 8x8-pixel patches (16 per
-# image) and embedded by a fresh `digits-tiny` ViT of chapter 1 (patch embedding plus position embedding): 64
-# tokens of width 64.
+# Our tokens are real: four cluttered test digits, cut into patches and embedded by a fresh `digits-tiny` ViT of
+# chapter 1 -- 64 tokens of width 64.
+#
+# <details><summary>The tokens, precisely</summary>
+#
+# Each digit is cut into a 4x4 grid of 8x8-pixel patches (16 per image), embedded by the patch embedding plus the
+# position embedding. The experts have the ViT's MLP shape.
+#
+# </details>
 
 # %%
 digits = ClutteredDigits()
@@ -129,10 +134,9 @@ WIDTH, HIDDEN, E = vit_config.width, vit_config.mlp_dim, 4
 print("tokens:", tokens.shape, "-> one group:", x.shape, f"| {E} experts, each an MLP {WIDTH} -> {HIDDEN} -> {WIDTH}")
 
 # %% [markdown]
-# The experts are the library's `Experts` module: `E` MLPs stored as stacked weight tensors, so that one
-# batched einsum runs every expert on its own buffer of tokens. Below, a plain loop over tokens and experts
-# computes `sum_i g(x)_i e_i(x)` with a softmax gate; then the same with the experts module, where every
-# expert's buffer simply holds *all* tokens -- that is what "dense" means.
+# The experts are the library's `Experts` module: `E` MLPs stored as stacked weight tensors, run by one batched
+# einsum, each on its own buffer of tokens. Below, a plain loop computes `sum_i g(x)_i e_i(x)` with a softmax gate;
+# then the experts module, where every expert's buffer holds *all* tokens -- that is what "dense" means.
 
 # %%
 experts = Experts(E, WIDTH, HIDDEN, rngs=nnx.Rngs(SEED + 2))
@@ -189,14 +193,19 @@ assert (sparse_gate > 0).sum(1).max() == k and np.allclose(only_k_run, zeros_in_
 # %% [markdown]
 # ## 2. The router
 #
-# V-MoE's gate is `g(x) = TOP_k(softmax(W x + eps))` (Sec. 2.3): a linear map `W` of the token gives one
-# logit per expert, noise `eps` is added, a softmax turns the logits into probabilities, and `TOP_k` keeps
-# the `k` largest of those probabilities and zeroes the rest.
+# V-MoE's gate is `g(x) = TOP_k(softmax(W x + eps))` (Sec. 2.3): a linear map `W` of the token gives one logit per
+# expert, noise `eps` is added, a softmax turns the logits into probabilities, and `TOP_k` keeps the `k` largest of
+# those probabilities and zeroes the rest.
 #
-# **The noise** is Gaussian, drawn independently for every token and expert, with standard deviation
-# `1/E` -- and only while training: at evaluation the router is deterministic. `add_router_noise` adds it
-# when given a PRNG key and returns the logits untouched without one. We measure its standard deviation on
-# many draws:
+# **The noise** is Gaussian with standard deviation `1/E`, and only while training. We measure its standard deviation
+# on many draws:
+#
+# <details><summary>The noise, precisely</summary>
+#
+# It is drawn independently for every token and expert; at evaluation the router is deterministic. `add_router_noise`
+# adds it when given a PRNG key and returns the logits untouched without one.
+#
+# </details>
 
 # %%
 for num_experts in (4, 32):
@@ -213,10 +222,9 @@ assert np.array_equal(add_router_noise(logits, None), logits)  # evaluation: no 
 # early layers of its trained models and 2-3% in deep ones.
 
 # %% [markdown]
-# **Predict, then run.** Our router is untrained and `E = 4`, so the noise has standard deviation 0.25. Over
-# 200 noise draws on our 64 tokens, will the noise change *more* or *fewer* TOP-1 choices than the 15% of
-# V-MoE's early layers? Write your guess down, then run the cell; it also prints how far apart a token's
-# logits are, on average, across the experts.
+# **Predict, then run.** Our router is untrained and `E = 4`, so the noise has standard deviation 0.25. Over 200
+# noise draws on our 64 tokens, will it change *more* or *fewer* TOP-1 choices than the 15% of V-MoE's early layers?
+# The cell also prints how far apart a token's logits are across the experts.
 
 # %%
 clean_top1 = np.asarray(top_k_routing(logits, 1).expert_index[..., 0])
@@ -242,10 +250,9 @@ print(f"TOP-1 choice changed by the noise: {flipped:.0%} of decisions "
 assert flipped > 0.15  # the claim: more than the paper's early layers, an untrained router is easily swayed
 
 # %% [markdown]
-# **TOP_k after the softmax.** The gates are the selected softmax probabilities themselves: they are *not*
-# renormalised, so with `k < E` they sum to less than one. Shazeer et al. (2017) applied the two steps the
-# other way round, `softmax(TOP_k(W x + eps))`: a softmax over only the `k` selected logits, whose gates
-# always sum to one. `top_k_routing` has both (`order=`); both choose the same experts.
+# **TOP_k after the softmax.** The gates are the selected softmax probabilities themselves, not renormalised: with `k
+# < E` they sum to less than one. Shazeer et al. (2017) applied the two steps the other way round, `softmax(TOP_k(W x
+# + eps))`, whose gates always sum to one. `top_k_routing` has both (`order=`); both choose the same experts.
 
 # %%
 vmoe = top_k_routing(logits, 2)
@@ -258,15 +265,18 @@ assert np.allclose(vmoe.gates, jnp.take_along_axis(vmoe.probs, vmoe.expert_index
 assert vmoe_sums.max() < 1 and np.allclose(shazeer_sums, 1, atol=1e-6)
 
 # %% [markdown]
-# Why does the order matter? Take `k = 1`. After a softmax over a single selected logit, the gate is
-# exactly 1 for every token, whatever `W` is. Which expert is selected does depend on `W`, but only through
-# an `argmax` -- a step function, flat almost everywhere. So the output `1 * e_{argmax}(x)` has zero
-# gradient with respect to the router weights: the router cannot learn (V-MoE App. A.1). With V-MoE's
-# order the gate is the selected softmax probability, a smooth function of all logits, and the router gets
-# a gradient through it.
+# Why does the order matter? With `k = 1` and the softmax after TOP_k, the gate is exactly 1 for every token, and the
+# router gets no gradient at all: it cannot learn (V-MoE App. A.1). A tiny check with `jax.grad`: five random tokens
+# of width 8, four experts that are fixed linear maps, and the loss `sum(MoE(x))` as a function of the router's `W`.
 #
-# A tiny check with `jax.grad`: five random tokens of width 8, four experts that are fixed linear maps, and
-# the loss `sum(MoE(x))` as a function of the router's `W`.
+# <details><summary>The derivation</summary>
+#
+# After a softmax over a single selected logit, the gate is exactly 1 for every token, whatever `W` is. Which expert
+# is selected does depend on `W`, but only through an `argmax` -- a step function, flat almost everywhere. So the
+# output `1 * e_{argmax}(x)` has zero gradient with respect to the router weights. With V-MoE's order the gate is the
+# selected softmax probability, a smooth function of all logits, and the router gets a gradient through it.
+#
+# </details>
 
 # %%
 kx, kw, ke = jax.random.split(jax.random.key(SEED + 3), 3)
@@ -294,19 +304,28 @@ for k_ in (1, 2):
             assert float(jnp.abs(grad).sum()) > 1e-3
 
 # %% [markdown]
-# With `k = 2` the other order does give a gradient (the two selected logits still compete in their
-# softmax); V-MoE found its own order better there too (App. A.1, Table 2), and uses it throughout.
+# <details><summary>And with k = 2?</summary>
+#
+# With `k = 2` the other order does give a gradient (the two selected logits still compete in their softmax); V-MoE
+# found its own order better there too (App. A.1, Table 2), and uses it throughout.
+#
+# </details>
 #
 # ## 3. Expert capacity
 #
-# On an accelerator, every expert processes a buffer of fixed size, so that shapes are known at compile
-# time. V-MoE sizes it as `B_e = round(k N P C / E)` (Sec. 2.4): the `k * N * P` choices that `N` images of
-# `P` tokens make, shared evenly over `E` experts, times the **capacity ratio** `C`. Here routing happens
-# within a **group** of tokens, so `N * P` is the group size. With `C = 1` the buffers hold exactly all the
-# choices *if* the router spreads them perfectly evenly; `C > 1` leaves slack; `C < 1` forces choices to be
-# dropped. `expert_capacity` computes `B_e` and warns when rounding to an integer moves the effective ratio
-# `B_e E / (k N P)` by more than 1% -- which happens for small groups. For our group of 64 tokens and 4
-# experts:
+# On an accelerator every expert processes a buffer of fixed size, so that shapes are known at compile time. V-MoE
+# sizes it as `B_e = round(k N P C / E)` (Sec. 2.4): the `k * N * P` choices that `N` images of `P` tokens make,
+# shared evenly over `E` experts, times the **capacity ratio** `C`. With `C = 1` the buffers hold exactly all the
+# choices *if* the router spreads them perfectly evenly; `C > 1` leaves slack; `C < 1` forces choices to be dropped.
+# For our group of 64 tokens and 4 experts:
+#
+# <details><summary>Groups, and the rounding warning</summary>
+#
+# Routing happens within a **group** of tokens, so `N * P` is the group size. `expert_capacity` computes `B_e` and
+# warns when rounding to an integer moves the effective ratio `B_e E / (k N P)` by more than 1% -- which happens for
+# small groups.
+#
+# </details>
 
 # %%
 TOKENS = x.shape[1]
@@ -340,21 +359,31 @@ print(f"choices per expert {demand.tolist()}, slots per expert {b_1}: "
 assert demand.max() > b_1
 
 # %% [markdown]
-# A dropped token is not lost: in a V-MoE block the MoE layer sits inside a residual connection, so the
-# token passes on unchanged, it just gets no expert update in that layer (Sec. 2.4). The auxiliary losses
-# of section 6 push the router towards balance, so that training at `C = 1.05` drops little. And *which*
-# choices are dropped when an expert is full is the allocation algorithm's decision -- next.
+# A dropped token is not lost: the MoE layer sits inside a residual connection, so the token passes on unchanged,
+# with no expert update in that layer (Sec. 2.4). *Which* choices are dropped when an expert is full is the
+# allocation algorithm's decision.
+#
+# <details><summary>How much is dropped in training</summary>
+#
+# The auxiliary losses of section 6 push the router towards balance, so that training at `C = 1.05` drops little.
+#
+# </details>
 #
 # ## 4. Allocation: who gets the slots
 #
-# V-MoE fills the buffers greedily in two nested loops (App. C): first all TOP-1 choices, then all TOP-2
-# choices, and so on -- a TOP-`i` choice always has priority over any TOP-`j` choice with `i < j`. Within one
-# round, tokens are visited in some order, and each takes a slot in its chosen expert if one is left:
+# V-MoE fills the buffers greedily (App. C), all TOP-1 choices first, then all TOP-2 choices, and so on, visiting the
+# tokens in some order; a choice gets a slot if its expert has one left:
 # - **vanilla routing** (Algorithm 1) visits tokens in their order in the group;
-# - **Batch Prioritized Routing, BPR** (Algorithm 2) first sorts the tokens by a priority score, the largest
-#   gate `s(x) = max_i g(x)_i`, highest first -- over the whole group, so the images compete;
-# - **skip-patch** (Algorithm 3) sorts like BPR and then keeps only the first fraction `S` of the tokens;
-#   the rest are skipped altogether.
+# - **Batch Prioritized Routing, BPR** (Algorithm 2) first sorts the tokens of the whole group by a priority score,
+#   the largest gate `s(x) = max_i g(x)_i`, highest first;
+# - **skip-patch** (Algorithm 3) sorts like BPR, then keeps only a fraction `S` of the tokens.
+#
+# <details><summary>The order, precisely</summary>
+#
+# A TOP-`i` choice always has priority over any TOP-`j` choice with `i < j`. BPR's sort runs over the whole group, so
+# the images compete. Skip-patch skips the remaining tokens altogether.
+#
+# </details>
 #
 # Here are the three, as literal loops over one group:
 
@@ -394,12 +423,17 @@ def algorithm_3_skip_patch(expert_index, gates, capacity, num_experts, keep_frac
 
 
 # %% [markdown]
-# The library does the same without Python loops (as google-research/vmoe does): sort the tokens into
-# processing order, lay the choices out TOP-1 round first, and a cumulative count of the one-hot expert
-# choices gives each choice its position in its expert's buffer; positions past the capacity are dropped.
-# We compare the two on random router outputs -- from logits on a coarse grid, so that many tokens have
-# exactly equal scores (ties must be broken the same way: lower token index first) -- for several `k`,
-# capacity ratios and skip fractions. Every served mask and every slot must agree.
+# The library does the same without Python loops (as google-research/vmoe does). We compare the two on random router
+# outputs for several `k`, capacity ratios and skip fractions: every served mask and every slot must agree.
+#
+# <details><summary>The vectorised algorithm, and the ties</summary>
+#
+# Sort the tokens into processing order, lay the choices out TOP-1 round first, and a cumulative count of the one-hot
+# expert choices gives each choice its position in its expert's buffer; positions past the capacity are dropped. The
+# random router outputs come from logits on a coarse grid, so that many tokens have exactly equal scores: ties must
+# be broken the same way, lower token index first.
+#
+# </details>
 
 # %%
 checked, routed_groups, groups_with_ties = 0, 0, 0
@@ -434,10 +468,15 @@ print(f"{checked} allocations equal to the literal loops; {groups_with_ties} of 
 assert groups_with_ties > 0
 
 # %% [markdown]
-# **Which tokens are dropped.** Back to our four real images, with `k = 1` and `C = 0.5`: each expert has 8
-# slots for 64 tokens, so at least half of the tokens must be dropped. The group is laid out image after
-# image: tokens 0-15 are image 0, tokens 16-31 image 1, and so on. Dropped patches are tinted red below (as in
-# V-MoE Fig. 5; the green box marks the digit).
+# **Which tokens are dropped.** Back to our four real images, with `k = 1` and `C = 0.5`: each expert has 8 slots for
+# 64 tokens, so at least half of the tokens must be dropped. Dropped patches are tinted red below (as in V-MoE Fig.
+# 5; the green box marks the digit).
+#
+# <details><summary>The layout of the group</summary>
+#
+# The group is laid out image after image: tokens 0-15 are image 0, tokens 16-31 image 1, and so on.
+#
+# </details>
 
 # %% [markdown]
 # **Predict, then run.** Under vanilla routing, which of the four images will lose the most patches? And
@@ -465,10 +504,10 @@ show_dropped_patches(batch["image"], {"vanilla": served_vanilla, "BPR": served_b
 # </details>
 
 # %% [markdown]
-# **Change one thing.** In the cell above, change the capacity ratio in `b_half = expert_capacity(1, TOKENS,
-# 0.5, E)` from `0.5` to `0.25` (four slots per expert) and re-run it and the two cells after it. Before you
-# do: which rows of the picture change the most, and does the image order of vanilla's losses get stronger or
-# weaker? Put `0.5` back afterwards.
+# **Change one thing.** In the cell above, change the capacity ratio in `b_half = expert_capacity(1, TOKENS, 0.5, E)`
+# from `0.5` to `0.25` (four slots per expert) and re-run it and the two cells after it. Before you do: which rows of
+# the picture change most, and does vanilla's image order of losses get stronger or weaker? Put `0.5` back
+# afterwards.
 #
 # <details><summary>Answer</summary>
 #
@@ -484,14 +523,18 @@ show_dropped_patches(batch["image"], {"vanilla": served_vanilla, "BPR": served_b
 # </details>
 
 # %% [markdown]
-# What the picture shows, checked below: under vanilla, a served token was never visited after a dropped token
-# of the same expert, so dropping piles up at the end of the group; under BPR, with `k = 1`, every expert
-# serves the `B_e` tokens with its largest gates. (The cell also prints how many tokens each allocation serves
-# and the gate mass they carry; section 7 asks you to predict those two for a whole layer.) Which tokens does
-# BPR keep? This router is untrained, and its confidence mostly follows how long a token vector is (the rank
-# correlation is printed below) -- ink patches happen to give longer vectors than the dark background, so BPR
-# already leans towards the digit here. With a *trained* router (chapter 3) the confident tokens are the ones
-# the router has learnt to tell apart.
+# What the picture shows, checked below: under vanilla, a served token was never visited after a dropped token of the
+# same expert, so dropping piles up at the end of the group; under BPR, with `k = 1`, every expert serves the `B_e`
+# tokens with its largest gates.
+#
+# <details><summary>Which tokens does an untrained router keep?</summary>
+#
+# The cell also prints how many tokens each allocation serves and the gate mass they carry. This router is untrained,
+# and its confidence mostly follows how long a token vector is (the rank correlation is printed below) -- ink patches
+# happen to give longer vectors than the dark background, so BPR already leans towards the digit here. With a
+# *trained* router (chapter 3) the confident tokens are the ones the router has learnt to tell apart.
+#
+# </details>
 
 # %%
 gate = np.asarray(route.gates[0, :, 0])
@@ -516,11 +559,15 @@ print(f"rank correlation of token length and BPR priority score: {norm_vs_score:
 assert norm_vs_score > 0.5
 
 # %% [markdown]
-# **Inside the buffers.** The picture above shows the images; the allocation itself is a table: each expert
-# has `B_e` slots, filled one after another. Below, the buffers of the same two allocations: every slot
-# holds a token id (0-63), coloured by the image it comes from; at the end of a row, in red, the choices that
-# expert turned away. (`buffer_token_index` reads the table off an allocation; section 5 uses it to move the
-# tokens.)
+# **Inside the buffers.** The allocation itself is a table: each expert has `B_e` slots, filled one after another.
+# Below, the buffers of the same two allocations: every slot holds a token id (0-63), coloured by its image; in red
+# at the end of a row, the choices that expert turned away.
+#
+# <details><summary>Reading the table off an allocation</summary>
+#
+# `buffer_token_index` reads the table off an allocation; section 5 uses it to move the tokens.
+#
+# </details>
 
 # %%
 def dropped_per_expert(allocation):
@@ -552,15 +599,20 @@ assert all((s < TOKENS).sum() == served_vanilla.sum() for s in slot_tokens.value
 # %% [markdown]
 # ## 5. Dispatch and combine, two ways
 #
-# An allocation says, for every choice, which slot of which expert's buffer it occupies. Two steps remain:
-# **dispatch** copies the tokens into the buffers `(groups, experts, capacity, width)` (empty slots hold
-# zeros), the experts run on their buffers, and **combine** sends each output back to its token, weighted
-# by the gate -- dropped choices add nothing.
+# An allocation gives every choice a slot in an expert's buffer. **Dispatch** copies the tokens into the buffers, the
+# experts run on their buffers, and **combine** sends each output back to its token, weighted by the gate -- dropped
+# choices add nothing.
 #
-# **The one-hot way** (GShard, google-research/vmoe): a dispatch tensor `(groups, tokens, experts,
-# capacity)` with a 1 where token `t` sits in slot `b` of expert `e`, and a combine tensor, the same with
-# the gate in place of the 1. Then both steps are einsums. We build the two tensors with a loop and compare
-# them with the library's. We use `k = 2` and `C = 0.5`, so that some choices are dropped:
+# **The one-hot way** (GShard, google-research/vmoe): a dispatch tensor with a 1 where token `t` sits in slot `b` of
+# expert `e`, and a combine tensor, the same with the gate in place of the 1. Then both steps are einsums. We build
+# them with a loop and compare with the library's, at `k = 2` and `C = 0.5` (some choices dropped):
+#
+# <details><summary>The shapes</summary>
+#
+# Buffers: `(groups, experts, capacity, width)`, empty slots hold zeros. Dispatch tensor: `(groups, tokens, experts,
+# capacity)`; the combine tensor has the same shape.
+#
+# </details>
 
 # %%
 route = top_k_routing(logits, 2)
@@ -585,9 +637,9 @@ assert np.allclose(y_einsum, einsum_combine(outputs, allocation), atol=1e-6)
 show_dispatch_combine(one_hot[0], weighted[0]);
 
 # %% [markdown]
-# **Explain the plot.** Each row is a token, each column a slot of one expert's buffer (orange lines separate
-# the experts). How many marks can a row have at most, and what does a row with none mean? Why does every
-# column hold at most one mark? And what sets the colour of a mark in the combine tensor?
+# **Explain the plot.** Each row is a token, each column a slot of one expert's buffer (orange lines separate the
+# experts). How many marks can a row have, and what does a row with none mean? Why does a column hold at most one?
+# What sets a mark's colour in the combine tensor?
 #
 # <details><summary>Answer</summary>
 #
@@ -600,10 +652,15 @@ show_dispatch_combine(one_hot[0], weighted[0]);
 # </details>
 
 # %% [markdown]
-# **The index way** (the library's default): record, for every buffer slot, which token fills it
-# (`buffer_token_index`; an empty slot points one past the last token, at an appended row of zeros), and
-# gather. Combine gathers each choice's output from its slot and sums with the gates. No tensor with
-# `tokens x experts x capacity` entries is ever formed. Same numbers:
+# **The index way** (the library's default): record, for every buffer slot, which token fills it, and gather; combine
+# gathers each choice's output from its slot and sums with the gates. No tensor with `tokens x experts x capacity`
+# entries is ever formed. Same numbers:
+#
+# <details><summary>Empty slots</summary>
+#
+# `buffer_token_index` points an empty slot one past the last token, at an appended row of zeros.
+#
+# </details>
 
 # %%
 slot_token = np.asarray(buffer_token_index(allocation))  # (groups, experts, capacity)
@@ -614,10 +671,15 @@ y_gather = gather_combine(experts(gather_dispatch(x, allocation)), allocation)
 assert np.allclose(y_gather, y_einsum, atol=1e-5)
 
 # %% [markdown]
-# Equal outputs are not enough for training: the gradients must agree too -- with respect to the tokens,
-# through both the expert inputs and the gates, since the router's logits are computed from the same
-# tokens. The function below is a whole sparse MoE step (router, top-k, BPR allocation, dispatch, experts,
-# combine) as a function of `x`; we differentiate it once with each implementation.
+# Equal outputs are not enough for training: the gradients must agree too. The function below is a whole sparse MoE
+# step (router, top-k, BPR allocation, dispatch, experts, combine) as a function of the tokens `x`; we differentiate
+# it once with each implementation.
+#
+# <details><summary>Why the gradient with respect to the tokens</summary>
+#
+# It flows through both the expert inputs and the gates, since the router's logits are computed from the same tokens.
+#
+# </details>
 
 # %%
 w_router = router.kernel[...]
@@ -641,11 +703,16 @@ assert np.allclose(values["einsum"], values["gather"], rtol=1e-5)
 assert np.allclose(grads["einsum"], grads["gather"], atol=1e-6) and float(jnp.abs(grads["gather"]).sum()) > 0
 
 # %% [markdown]
-# **Memory.** The dispatch tensor has `tokens x E x B_e` entries, and `B_e` itself grows with the group
-# (`B_e ~ k C tokens / E`), so its size is `~ k C tokens^2`: quadratic in the group size. The index
-# arrays -- expert, slot and gate per choice, plus the token of each buffer slot -- are linear. Below, the
-# shapes the library's functions would produce, computed with `jax.eval_shape` (nothing is allocated), for
-# `k = 2`, `C = 1.05`, `E = 32`, float32 and int32 (4 bytes each):
+# **Memory.** The dispatch tensor has `tokens x E x B_e` entries, and `B_e` itself grows with the group (`B_e ~ k C
+# tokens / E`), so its size is `~ k C tokens^2`: quadratic in the group size. The index arrays are linear. Below, the
+# shapes the library's functions would produce, computed with `jax.eval_shape` (nothing is allocated):
+#
+# <details><summary>What is counted</summary>
+#
+# The index arrays: expert, slot and gate per choice, plus the token of each buffer slot. Settings: `k = 2`, `C =
+# 1.05`, `E = 32`, float32 and int32 (4 bytes each).
+#
+# </details>
 
 # %%
 def abstract_allocation(tokens_, k=2, c=1.05, num_experts=32):
@@ -674,27 +741,34 @@ for n in (1024, 2048, 4096, 8192):
     assert abs(memory[2 * n][0] / memory[n][0] - 4) < 0.02 and abs(memory[2 * n][1] / memory[n][1] - 2) < 0.01
 
 # %% [markdown]
-# Two GiB for a single layer's dispatch mask of one group is why the course teaches the einsum version but
-# does not use it by default (`SparseMoE(dispatch="einsum")` switches to it).
+# Two GiB for one layer's dispatch mask of one group: the library uses indices by default
+# (`SparseMoE(dispatch="einsum")` switches).
 #
 # ## 6. The auxiliary losses
 #
-# Left alone, a router tends to send most tokens to a few experts, which then drop tokens while others
-# idle. V-MoE adds two balancing losses (App. A.2), each the squared coefficient of variation
-# `(std / mean)^2` of a per-expert quantity summed over the tokens of a group:
-# - **importance**: `Imp_e = sum_x softmax(W x)_e`, the clean router probabilities -- how much total
-#   weight each expert receives;
-# - **load**: a smooth stand-in for how many tokens each expert is *assigned*. For token `x`, the threshold
-#   is its `k`-th largest noisy logit; `p_e(x)` is the probability that expert `e`'s logit, with fresh
-#   noise of std `sigma = 1/E`, would clear it, `1 - Phi((threshold - (W x)_e) / sigma)`; `load_e` sums it.
+# Left alone, a router tends to overload a few experts while others idle. V-MoE adds two balancing losses (App. A.2),
+# each the squared coefficient of variation `(std / mean)^2` of a per-expert sum over a group's tokens:
+# - **importance**: the clean router probabilities -- how much total weight each expert receives;
+# - **load**: a smooth stand-in for how many tokens each expert is *assigned*.
 #
-# The model adds `0.01 * (0.5 L_imp + 0.5 L_load)` to its task loss.
+# <details><summary>The derivation: the two quantities, and their weight</summary>
 #
-# Why both? Balanced weights do not mean balanced assignments. In the spirit of App. A Table 3, take
-# `k = 1`, three experts and tokens whose router probabilities alternate between (0.6, 0.33, 0.07) and
-# (0.07, 0.33, 0.6) -- the proportions 0.9 : 0.5 : 0.1 of the paper's table. Every expert gets the same
-# total weight, but expert 1 (the middle one) is never anyone's TOP-1. Logits `log(w)` give exactly those
-# probabilities, since a softmax of `log w` is `w / sum(w)`:
+# The model adds `0.01 * (0.5 L_imp + 0.5 L_load)` to its task loss. `Imp_e = sum_x softmax(W x)_e`. For the load,
+# for token `x` the threshold is its `k`-th largest noisy logit; `p_e(x)` is the probability that expert `e`'s logit,
+# with fresh noise of std `sigma = 1/E`, would clear it, `1 - Phi((threshold - (W x)_e) / sigma)`; `load_e` sums it.
+#
+# </details>
+#
+# Why both? Balanced weights do not mean balanced assignments. As in App. A Table 3, take `k = 1`, three experts and
+# tokens whose router probabilities alternate between (0.6, 0.33, 0.07) and (0.07, 0.33, 0.6): every expert gets the
+# same total weight, but expert 1 (the middle one) is never anyone's TOP-1.
+#
+# <details><summary>The example's numbers</summary>
+#
+# The proportions 0.9 : 0.5 : 0.1 of the paper's table. Logits `log(w)` give exactly those probabilities, since a
+# softmax of `log w` is `w / sum(w)`.
+#
+# </details>
 
 # %%
 weights = np.array([[0.9, 0.5, 0.1], [0.1, 0.5, 0.9]] * 4)  # 8 tokens, alternating
@@ -740,17 +814,23 @@ assert np.isclose(float(aux.total), 0.5 * float(aux.importance) + 0.5 * float(au
 # %% [markdown]
 # ## 7. All together: the `SparseMoE` layer
 #
-# `moe_course.layers.moe.SparseMoE` strings the steps together: router -> capacity -> allocation ->
-# dispatch -> experts -> combine, plus the auxiliary loss. It takes `(batch, tokens, width)`, cuts the batch
-# into groups of `group_size` images whose tokens compete for the same buffers, and returns its output, the
-# weighted auxiliary loss and a `RoutingRecord`: chosen experts, gates, which choices were served, the
-# priority rank of every token and the fill of every expert's buffer.
+# `moe_course.layers.moe.SparseMoE` strings the steps together: router -> capacity -> allocation -> dispatch ->
+# experts -> combine, plus the auxiliary loss. It returns its output, the weighted auxiliary loss and a
+# `RoutingRecord` of what went where.
 #
-# Eight test images, two groups of four (64 tokens per group), four experts, `k = 2`, `C = 1.05`, vanilla
-# routing -- V-MoE's training setting at toy size. First, the claim that the layer computes exactly
-# `sum over the served choices of gate * expert(token)`, checked token by token with a loop over the
-# layer's own weights and record. (The layer warns that 34 slots give an effective capacity ratio of 1.06
-# rather than 1.05: the rounding of section 3 at toy group size.)
+# Eight test images, two groups of four (64 tokens per group), four experts, `k = 2`, `C = 1.05`, vanilla routing --
+# V-MoE's training setting at toy size. First, the claim that the layer computes exactly `sum over the served choices
+# of gate * expert(token)`, checked token by token.
+#
+# <details><summary>The layer's input, record, and a rounding warning</summary>
+#
+# It takes `(batch, tokens, width)` and cuts the batch into groups of `group_size` images whose tokens compete for
+# the same buffers. The `RoutingRecord` holds the chosen experts, gates, which choices were served, the priority rank
+# of every token and the fill of every expert's buffer. The check loops over the layer's own weights and record. The
+# layer warns that 34 slots give an effective capacity ratio of 1.06 rather than 1.05: the rounding of section 3 at
+# toy group size.
+#
+# </details>
 
 # %%
 eight = digits.get("test", np.arange(8))
@@ -778,14 +858,16 @@ assert (np.asarray(record.expert_fill) <= record.capacity).all()
 assert np.array_equal(np.asarray(record.expert_fill).sum(1), served.sum((1, 2)))
 
 # %% [markdown]
-# A fresh router is far from balanced: two experts fill their buffers and turn choices away while the others
-# idle, so even at `C = 1.05` many TOP-2 choices (and some TOP-1 choices) are dropped. Training with the
-# auxiliary losses of section 6 is what evens this out.
+# A fresh router is far from balanced: two experts fill their buffers and turn choices away while the others idle, so
+# even at `C = 1.05` many choices are dropped; training with the auxiliary losses evens this out. Routing settings
+# are plain attributes of the layer: they change without touching its weights (V-MoE Sec. 3.1, App. E.4).
 #
-# The routing settings are plain attributes of the layer, so they can be changed on a trained model
-# without touching its weights (V-MoE Sec. 3.1 and App. E.4; `moe_course.models.with_routing` does it for a
-# whole model). Lowering the capacity ratio on the *same* layer and the same tokens shrinks the buffers,
-# and more choices are dropped.
+# <details><summary>More on the drops, and on changing routing</summary>
+#
+# Many TOP-2 choices (and some TOP-1 choices) are dropped; the auxiliary losses are those of section 6.
+# `moe_course.models.with_routing` changes the routing of a whole model. A smaller capacity ratio drops more choices.
+#
+# </details>
 
 # %% [markdown]
 # **Predict, then run.** At `C = 0.1`, with `k = 2`, do vanilla routing and BPR drop the same number of
@@ -837,15 +919,20 @@ assert served_mass["bpr", 0.1] > served_mass["vanilla", 0.1]
 # %% [markdown]
 # ## The same layer in PyTorch
 #
-# Every routing function and layer of this chapter has a PyTorch twin in `moe_course.torch`, with the same
-# names, arguments and errors (`moe_course.torch.routing.top_k_routing`, `...allocate`, `...dispatch`, and
-# `moe_course.torch.layers.SparseMoE`). `torch_state_dict` lays the NNX layer's weights out for PyTorch
-# (a `Linear` kernel `(in, out)` becomes a `weight` `(out, in)`; the expert kernels keep their `(E, in, out)`
-# layout), and the twin then makes the *same decisions*: the same experts, the same served and dropped
-# choices, the same buffer fill -- ties included, since both break them towards the lower index. Here at
-# `C = 0.5` with BPR, where this untrained router has more than half of the choices dropped, we compare the
-# outputs, the aux loss and the gradient with respect to the tokens. (PyTorch is optional:
-# `pip install 'moe-course[torch]'`, see the README.)
+# Every routing function and layer of this chapter has a PyTorch twin in `moe_course.torch`, with the same names,
+# arguments and errors. Given the NNX layer's weights (`torch_state_dict`), the twin makes the *same decisions*:
+# experts, served and dropped choices, buffer fill. Here at `C = 0.5` with BPR we compare the outputs, the aux loss
+# and the gradient with respect to the tokens. (PyTorch is optional: `pip install 'moe-course[torch]'`, see the
+# README.)
+#
+# <details><summary>The twins and the weight layout</summary>
+#
+# The twins: `moe_course.torch.routing.top_k_routing`, `...allocate`, `...dispatch`, and
+# `moe_course.torch.layers.SparseMoE`. A `Linear` kernel `(in, out)` becomes a `weight` `(out, in)`; the expert
+# kernels keep their `(E, in, out)` layout. Ties are included, since both break them towards the lower index. At `C =
+# 0.5` this untrained router has more than half of the choices dropped.
+#
+# </details>
 
 # %%
 try:
@@ -886,33 +973,40 @@ if torch is not None:
     assert output_gap < 1e-5 and aux_gap < 1e-5 and grad_gap < 1e-4
 
 # %% [markdown]
-# The differences are float32 rounding (the two frameworks sum in different orders), five orders of
-# magnitude below anything that could flip a decision here. `moe_course.torch.convert.to_torch` converts whole
-# models the same way (V-MoE, Soft MoE ViT, MoD ViT), and `moe-course evaluate --framework both` evaluates a
-# trained run in both frameworks (docs/pytorch.md).
+# The differences are float32 rounding, five orders of magnitude below anything that could flip a decision here.
+#
+# <details><summary>Whole models in both frameworks</summary>
+#
+# The two frameworks sum in different orders. `moe_course.torch.convert.to_torch` converts whole models the same way
+# (V-MoE, Soft MoE ViT, MoD ViT), and `moe-course evaluate --framework both` evaluates a trained run in both
+# frameworks (docs/pytorch.md).
+#
+# </details>
 #
 # ## What's next
 #
-# Chapter 3 puts `SparseMoE` into every other block of a ViT -- V-MoE -- and trains it on the cluttered
-# digits. With a *trained* router, the questions of this chapter get their real answers: which patches BPR
-# drops at low capacity (drawn on the images), how accuracy falls with `C` under vanilla routing versus BPR
-# (V-MoE Fig. 7), how experts specialise on classes in deep versus early layers, and what changing `k` at
-# inference does.
+# Chapter 3 puts `SparseMoE` into every other block of a ViT -- V-MoE -- and trains it. With a *trained* router, this
+# chapter's questions get their real answers.
+#
+# <details><summary>Which questions</summary>
+#
+# Which patches BPR drops at low capacity (drawn on the images), how accuracy falls with `C` under vanilla routing
+# versus BPR (V-MoE Fig. 7), how experts specialise on classes in deep versus early layers, and what changing `k` at
+# inference does -- all on the cluttered digits.
+#
+# </details>
 
 # %% [markdown]
 # ## Summary
 #
-# - A sparse MoE layer keeps `E` expert MLPs and runs only the `k` with the largest gates per token; V-MoE's
-#   gate is `TOP_k(softmax(W x + eps))`, and taking the top `k` *after* the softmax is what gives the router
-#   a gradient at `k = 1`.
-# - You can size an expert's buffer, `B_e = round(k N P C / E)`, and say why a router that is not balanced
-#   drops choices even at `C = 1`.
-# - You can run the three allocation algorithms of V-MoE App. C by hand, and tell vanilla routing from BPR
-#   by their buffers: the same number of choices served, different ones.
-# - You can move tokens into buffers and back in two ways -- one-hot dispatch/combine tensors with einsums,
-#   or indices with gathers -- and explain why the first costs memory quadratic in the group size.
-# - You can tell the importance loss from the load loss, and build a router that one sees and the other
-#   does not.
+# - A sparse MoE layer runs only the `k` experts with the largest gates per token; taking V-MoE's top `k` *after* the
+#   softmax gives the router a gradient at `k = 1`.
+# - You can size an expert's buffer, `B_e = round(k N P C / E)`, and say why an unbalanced router drops choices even
+#   at `C = 1`.
+# - You can run V-MoE's allocation algorithms (App. C) by hand, and tell vanilla routing from BPR by their buffers.
+# - You can dispatch and combine with one-hot tensors or with indices, and say why the first costs memory quadratic
+#   in the group size.
+# - You can tell the importance loss from the load loss, and build a router that one sees and the other does not.
 
 # %% [markdown]
 # ## Exercises

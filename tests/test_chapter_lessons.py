@@ -30,10 +30,7 @@ SEEDS_SAY = "<details><summary>What the seeds say, and why</summary>"
 MAIN_LINE_WORDS = 2500
 # Predict-the-paper tasks per chapter (issue 53: each recorded paper comparison opens with one; >= 6 in chapters
 # 3-6).
-PAPER_TASKS = {"03_vmoe_bpr": 2, "04_limoe": 1, "05_soft_moe": 1, "06_mod": 3}
-# Chapters still over MAIN_LINE_WORDS and short of their predict-the-paper tasks (issue 53, work in progress on
-# branches h53r24: chapters 2-4, h53r56: chapters 5-6); each branch removes its chapters here as it lands them.
-NOT_YET = {"05_soft_moe", "06_mod"}
+PAPER_TASKS = {"03_vmoe_bpr": 2, "04_limoe": 2, "05_soft_moe": 2, "06_mod": 3}
 DETAILS = re.compile(r"<details>.*?</details>", re.S)
 ENDING = ("## Summary", "## Exercises", "## References")
 CHAPTERS_BY_STEM = {chapter.stem: chapter for chapter in CHAPTERS}
@@ -74,13 +71,6 @@ def main_line_words(cells: list[dict]) -> int:
     prose = "\n".join(DETAILS.sub("", cell["text"]) for cell in cells
                       if cell["type"] == "markdown" and not cell["text"].startswith(ENDING[-1]))
     return sum(1 for word in prose.split() if re.search(r"[^\W_]", word))
-
-
-def _pending(stems) -> list:
-    """Chapters as test parameters, those in NOT_YET marked as expected to fail."""
-    mark = pytest.mark.xfail(strict=True, reason="issue 53: not yet shortened and given its predict-the-paper tasks")
-    return [pytest.param(CHAPTERS_BY_STEM[stem], marks=mark, id=stem) if stem in NOT_YET
-            else pytest.param(CHAPTERS_BY_STEM[stem], id=stem) for stem in stems]
 
 
 def _tasks(cells: list[dict]) -> dict[str, int]:
@@ -135,14 +125,14 @@ def test_predict_the_paper_shows_the_recorded_runs_then_what_the_seeds_say(chapt
         assert "swept" in body and "steps" in body, f"{where}: say what was swept and how the steps differ"
 
 
-@pytest.mark.parametrize("chapter", _pending(PAPER_TASKS))
+@pytest.mark.parametrize("chapter", [CHAPTERS_BY_STEM[stem] for stem in PAPER_TASKS], ids=list(PAPER_TASKS))
 def test_recorded_paper_comparisons_open_with_predict_the_paper(chapter):
     assert sum(PAPER_TASKS.values()) >= 6
     n = _tasks(_cells(chapter))[PAPER]
     assert n >= PAPER_TASKS[chapter.stem], f"{chapter.stem}: {n} predict-the-paper tasks, expected {PAPER_TASKS[chapter.stem]}"
 
 
-@pytest.mark.parametrize("chapter", _pending(sorted(CHAPTERS_BY_STEM)))
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_main_line_is_short(chapter):
     words = main_line_words(_cells(chapter))
     assert words <= MAIN_LINE_WORDS, \

@@ -61,8 +61,8 @@ def load_exercise(path: str | Path) -> list[dict]:
     path when it does not exist, is not a notebook, or holds no graded test cell."""
     path = Path(path)
     if not path.is_file():
-        raise NotAnExercise(f"notebook={str(path)!r} does not exist; give an exercise notebook, e.g. "
-                            f"exercises/03_vmoe_bpr.ipynb or your copy in mywork/")
+        raise NotAnExercise(f"notebook={str(path)!r} does not exist; give your copy of an exercise, e.g. "
+                            f"mywork/03_vmoe_bpr.ipynb (moe-course exercise 03 makes it)")
     try:
         notebook = json.loads(path.read_text(encoding="utf-8"))
         cells = [c for c in notebook["cells"] if c.get("cell_type") == "code"]
@@ -116,12 +116,27 @@ def verdicts(cells: list[dict], results: list[dict]) -> list[tuple[str, int | fl
     return rows
 
 
+def locate(path: str | Path) -> Path:
+    """``path`` as given when it exists; else a relative ``path`` from the root of the course clone that holds
+    the working folder (``moe_course.exercise.course_root``), so that ``moe-course check mywork/NN_slug.ipynb``
+    works from any folder of the clone (JupyterLab's Terminal opens in the file browser's folder)."""
+    from moe_course.exercise import course_root
+
+    path = Path(path)
+    root = course_root()
+    if path.exists() or path.is_absolute() or root is None or not (root / path).exists():
+        return path
+    return root / path
+
+
 def check(path: str | Path, timeout: float = DEFAULT_TIMEOUT, stream=None) -> int:
-    """Run exercise ``path``'s visible checks, print one line per task to ``stream`` (stdout) and return
-    0 when all passed, 1 otherwise. Raises NotAnExercise (a ValueError) for a file that is not an exercise."""
+    """Run exercise ``path``'s visible checks (``path`` found by ``locate``), print one line per task to
+    ``stream`` (stdout) and return 0 when all passed, 1 otherwise. Raises NotAnExercise (a ValueError) for a
+    file that is not an exercise."""
     stream = stream or sys.stdout
     if not timeout > 0:
         raise ValueError(f"timeout={timeout} is not allowed; give seconds > 0")
+    path = locate(path)
     cells = load_exercise(path)
     results = run_cells(cells, Path(path).resolve().parent, timeout)
     if isinstance(results, str):
@@ -140,7 +155,7 @@ def check(path: str | Path, timeout: float = DEFAULT_TIMEOUT, stream=None) -> in
 def add_parser(sub) -> None:
     """Register ``moe-course check`` on the ``moe-course`` subparsers ``sub``."""
     parser = sub.add_parser("check", help="run an exercise notebook's visible checks (no nbgrader needed)")
-    parser.add_argument("notebook", help="an exercise notebook, e.g. exercises/03_vmoe_bpr.ipynb")
+    parser.add_argument("notebook", help="your copy of an exercise, e.g. mywork/03_vmoe_bpr.ipynb")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                         help=f"seconds for the whole notebook (default {DEFAULT_TIMEOUT})")
 

@@ -8,7 +8,9 @@ caught so that the next cells still run. Every graded test cell of the exercise 
 - ``passed`` (with what the cell printed, e.g. ``ok: top_k_routing matches on 3 cases``),
 - ``failed: <the check's message>`` (the exception the test cell raised, e.g. its AssertionError text),
 - ``not attempted`` when the handout's ``NotImplementedError`` is still there: raised by the test cell (a
-  function still unwritten) or by an answer cell since the previous test cell (a prediction not written).
+  function still unwritten) or by its answer cell (``X_answer`` for the test cell ``X_tests``, wherever it
+  stands: a prediction is written before the code that checks it; an answer cell named otherwise belongs to
+  the next test cell).
 
 Exit status 0 only when every task passed (1 otherwise; 2 for a file that is missing or not an exercise).
 Grading is unchanged: the hidden checks and the comparison with the library run only in
@@ -93,18 +95,30 @@ def run_cells(cells: list[dict], folder: Path, timeout: float) -> list[dict] | s
     return json.loads(tail)
 
 
+def _stem(grade_id: str, suffix: str) -> str | None:
+    return grade_id[:-len(suffix)] if grade_id.endswith(suffix) else None
+
+
 def verdicts(cells: list[dict], results: list[dict]) -> list[tuple[str, int | float, str]]:
-    """(task name, points, "passed..." / "failed: ..." / "not attempted") for every graded test cell."""
+    """(task name, points, "passed..." / "failed: ..." / "not attempted") for every graded test cell. An
+    unanswered answer cell (its ``NotImplementedError``) makes its own test cell ``not attempted``: the test
+    cell ``X_tests`` of an answer cell ``X_answer`` wherever it stands (a prediction is answered before the
+    code that checks it), else the next test cell."""
     rows, unanswered = [], False
+    tested = {_stem(_nbgrader(cell).get("grade_id", ""), "_tests") for cell in cells if _nbgrader(cell).get("grade")}
+    blank = {_stem(_nbgrader(cell).get("grade_id", ""), "_answer") for cell, result in zip(cells, results)
+             if result["error"] and result["error"][0] == "NotImplementedError"} & (tested - {None})
     for cell, result in zip(cells, results):
         meta = _nbgrader(cell)
         if meta.get("solution") and not meta.get("grade"):
-            unanswered |= bool(result["error"]) and result["error"][0] == "NotImplementedError"
+            if _stem(meta.get("grade_id", ""), "_answer") not in tested - {None}:
+                unanswered |= bool(result["error"]) and result["error"][0] == "NotImplementedError"
             continue
         if not meta.get("grade"):
             continue
         name, points = meta.get("grade_id", "?"), meta.get("points", 0)
-        if unanswered or (result["error"] and result["error"][0] == "NotImplementedError"):
+        if (unanswered or _stem(name, "_tests") in blank
+                or (result["error"] and result["error"][0] == "NotImplementedError")):
             rows.append((name, points, "not attempted"))
         elif result["error"]:
             kind, message = result["error"]

@@ -103,3 +103,20 @@ def test_a_notebook_past_its_time_limit_is_stopped(tmp_path, capsys):
     (tmp_path / "slow.ipynb").write_text(json.dumps(slow))
     assert selfcheck.check(tmp_path / "slow.ipynb", timeout=2) == 1
     assert "did not finish within 2 s" in capsys.readouterr().out
+
+
+def test_a_prediction_written_before_the_code_that_checks_it_is_its_own_task():
+    """The answer cell ``guess_answer`` stands before ``impl_answer`` and its test cell ``guess_tests`` after
+    ``impl_tests``: an unanswered prediction makes only ``guess_tests`` not attempted (not the next test cell)."""
+    def cell(grade_id, grade=False, solution=False):
+        return {"metadata": {"nbgrader": {"grade_id": grade_id, "grade": grade, "solution": solution, "points": 1}}}
+
+    cells = [cell("guess_answer", solution=True), cell("impl_answer", solution=True), cell("impl_tests", grade=True),
+             cell("guess_tests", grade=True)]
+    blank = {"ok": False, "error": ["NotImplementedError", ""], "stdout": ""}
+    fine = {"ok": True, "error": None, "stdout": "ok: impl\n"}
+    missing = {"ok": False, "error": ["NameError", "name 'GUESS' is not defined"], "stdout": ""}
+    rows = selfcheck.verdicts(cells, [blank, fine, fine, missing])
+    assert rows == [("impl_tests", 1, "passed (ok: impl)"), ("guess_tests", 1, "not attempted")]
+    rows = selfcheck.verdicts(cells, [fine, blank, blank, fine])
+    assert rows == [("impl_tests", 1, "not attempted"), ("guess_tests", 1, "passed (ok: impl)")]

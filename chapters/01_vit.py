@@ -388,13 +388,20 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/01_vit.ipynb](../exercises/01_vit.ipynb) asks you to write `patchify`, the patch embedding and its
-# inverse `unpatchify` (patches back to images) in NumPy, and to predict a patch tensor's shape before the check
-# computes it (9 points).
+# The exercise notebook `01_vit` asks you to write `patchify`, the patch embedding and its inverse `unpatchify`
+# (patches back to images) in NumPy, and to predict a patch tensor's shape before the check computes it (9 points).
 #
-# Check your answers with `moe-course check exercises/01_vit.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/01_vit.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 01
+# moe-course check mywork/01_vit.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

@@ -441,9 +441,10 @@ show_dropped_patches(batch["image"], {"vanilla": served_vanilla, "BPR": served_b
 
 # %% [markdown]
 # **Change one thing.** In the cell above, change the capacity ratio in `b_half = expert_capacity(1, TOKENS,
-# 0.5, E)` from `0.5` to `0.25` (four slots per expert) and re-run it and the two cells after it. Before you
-# do: which rows of the picture change the most, and does the image order of vanilla's losses get stronger or
-# weaker? Put `0.5` back afterwards.
+# 0.5, E)` from `0.5` to `0.25` (four slots per expert) and re-run that cell, then the next two code cells (the
+# one that prints `B_e` and the tokens served per image, and the buffers' picture under *Inside the buffers*).
+# Before you do: which rows of the picture change the most, and does the image order of vanilla's losses get
+# stronger or weaker? Put `0.5` back afterwards.
 #
 # <details><summary>Answer</summary>
 #
@@ -892,14 +893,21 @@ if torch is not None:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/02_moe_layer.ipynb](../exercises/02_moe_layer.ipynb) asks you to write TOP-k routing, the expert
-# capacity, Experts Choice -- each expert picks its tokens, which no chapter writes out (chapter 5 uses the
-# library's) -- and the importance and load losses in NumPy, and to predict a number before the check computes
-# it (16 points).
+# The exercise notebook `02_moe_layer` asks you to write TOP-k routing, the expert capacity, Experts Choice -- each
+# expert picks its tokens, which no chapter writes out (chapter 5 uses the library's) -- and the importance and load
+# losses in NumPy, and to predict a number before the check computes it (16 points).
 #
-# Check your answers with `moe-course check exercises/02_moe_layer.ipynb` from the repository's root (no
-# instructor tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/02_moe_layer.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 02
+# moe-course check mywork/02_moe_layer.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

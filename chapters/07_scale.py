@@ -584,13 +584,22 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/07_scale.ipynb](../exercises/07_scale.ipynb) asks you to write an all-to-all over a stack of
-# per-device arrays, the two exchanges of an expert-parallel MoE layer, where each expert lives, and the bytes
-# each device sends on any mesh, and to predict a number before the check computes it (13 points).
+# The exercise notebook `07_scale` asks you to write an all-to-all over a stack of per-device arrays, the two
+# exchanges of an expert-parallel MoE layer and where each expert lives, to predict the traffic of a new mesh and
+# layer, to fix a byte count, and to explain how you would lay out a mesh over two hosts (15 points, 2 of them graded
+# by your instructor).
 #
-# Check your answers with `moe-course check exercises/07_scale.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/07_scale.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 07
+# moe-course check mywork/07_scale.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

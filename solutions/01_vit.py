@@ -8,7 +8,9 @@
 # your code; the visible tests under each answer help you check your work, further tests are run when your
 # notebook is graded.
 #
-# Check your work with `moe-course check 01_vit.ipynb` (the visible tests, with the base install).
+# Work in your own copy: `moe-course exercise 01` puts it in `mywork/01_vit.ipynb`. Check it with
+# `moe-course check mywork/01_vit.ipynb` (the visible tests, with the base install; from the repository's
+# root or any folder in it).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np

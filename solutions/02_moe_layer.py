@@ -8,7 +8,9 @@
 # logits, `(groups, tokens, k)` for the choices. Replace every `raise NotImplementedError()`; the visible
 # tests help, further tests compare your functions with `moe_course.routing` when your notebook is graded.
 #
-# Check your work with `moe-course check 02_moe_layer.ipynb` (the visible tests, with the base install).
+# Work in your own copy: `moe-course exercise 02` puts it in `mywork/02_moe_layer.ipynb`. Check it with
+# `moe-course check mywork/02_moe_layer.ipynb` (the visible tests, with the base install; from the repository's
+# root or any folder in it).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import math

@@ -7,7 +7,9 @@
 # then say who BPR serves in another way than the chapter's loop, and predict how many choices it drops; the
 # graded tests compare your answers with `moe_course.routing`.
 #
-# Check your work with `moe-course check 03_vmoe_bpr.ipynb` (the visible tests, with the base install).
+# Work in your own copy: `moe-course exercise 03` puts it in `mywork/03_vmoe_bpr.ipynb`. Check it with
+# `moe-course check mywork/03_vmoe_bpr.ipynb` (the visible tests, with the base install; from the repository's
+# root or any folder in it).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np

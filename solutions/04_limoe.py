@@ -11,7 +11,9 @@
 # tokens)` selecting the tokens of one modality; each loss is computed per group over its selected tokens,
 # then averaged over the groups that have any (0 when no group has one). Entropies are in nats, `0 log 0 = 0`.
 #
-# Check your work with `moe-course check 04_limoe.ipynb` (the visible tests, with the base install).
+# Work in your own copy: `moe-course exercise 04` puts it in `mywork/04_limoe.ipynb`. Check it with
+# `moe-course check mywork/04_limoe.ipynb` (the visible tests, with the base install; from the repository's
+# root or any folder in it).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np

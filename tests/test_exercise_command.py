@@ -34,7 +34,8 @@ def test_any_form_of_the_name_copies_the_handout(clone, name, monkeypatch, capsy
     assert copy.read_bytes() == (clone / "exercises" / "01_vit.ipynb").read_bytes()
     out = capsys.readouterr().out
     assert "moe-course check mywork/01_vit.ipynb" in out and "double-click 01_vit.ipynb" in out, out
-    assert sorted(p.name for p in (clone / "mywork").iterdir()) == ["01_vit.ipynb", "README.md"], "a temporary file is left"
+    left = sorted(path.name for path in (clone / "mywork").iterdir())
+    assert left == ["01_vit.ipynb", "README.md"], f"a temporary file is left: {left}"
 
 
 def test_an_existing_copy_is_kept_unless_forced(clone, monkeypatch, capsys):

@@ -865,8 +865,9 @@ else:
 # ## Exercises
 #
 # The exercise notebook `04_limoe` asks you to write the entropy, the local and global entropy losses, and the router
-# z-loss (App. B, which this chapter does not write out) in NumPy, and to predict a number before the check computes
-# it (10 points).
+# z-loss (App. B, which this chapter does not write out) in NumPy, to predict a global loss before you write it, to
+# fix a modality's mean router distribution that counts padding, and to explain why LIMoE needs entropy losses per
+# modality (12 points, and 2 graded by the instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

@@ -104,17 +104,17 @@ PREDICTED_FACTOR = 2.0
 # %% [markdown]
 # ## 4. Debug: a port of the layer (3 points)
 #
-# `soft_moe_port(x, phi, scale, experts)` below is a Soft MoE layer as a public port of it was written: tokens
+# `soft_moe_layer(x, phi, scale, experts)` below is a Soft MoE layer as a public port of it was written: tokens
 # `x` `(groups, tokens, width)`, `phi` `(width, slots)`, the scale (a number) and one linear expert per slot,
 # `experts` `(slots, width, width_out)`; it returns `(groups, tokens, width_out)`. It runs, its shapes are right,
 # its dispatch weights sum to 1 over the tokens and its combine weights over the slots -- and one line is not
 # the paper's layer (Soft MoE Sec. 2.1, Eq. 1-3; google-research/vmoe `vmoe/projects/soft_moe/router.py`,
-# `SoftRouter`; chapter 5, section 1 says which kind of mistake public ports made). Find the line. Then write
-# `soft_moe_layer(x, phi, scale, experts)` in the answer cell: the port with that one line fixed (copy it in,
-# change the line).
+# `SoftRouter`; chapter 5, section 1 says which kind of mistake public ports made). Run the test below it, find
+# the line and fix it in the cell (change as little as you can).
 
-# %% nbgrader={"grade": false, "grade_id": "layer_given", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def soft_moe_port(x, phi, scale, experts):
+# %% nbgrader={"grade": false, "grade_id": "layer_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def soft_moe_layer(x, phi, scale, experts):
     x_unit = x / np.sqrt((x**2).sum(axis=-1, keepdims=True) + EPS)
     phi_unit = phi / np.sqrt((phi**2).sum(axis=0, keepdims=True) + EPS)
     logits = scale * np.einsum("gtd,ds->gts", x_unit, phi_unit)
@@ -123,20 +123,18 @@ def soft_moe_port(x, phi, scale, experts):
     slots = np.einsum("gts,gtd->gsd", dispatch, x_unit)
     outputs = np.einsum("gsd,sdo->gso", slots, experts)  # slot s through expert s
     return np.einsum("gts,gso->gto", combine, outputs)
-
-
-# %% nbgrader={"grade": false, "grade_id": "layer_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### END HANDOUT
+### BEGIN SOLUTION
 def soft_moe_layer(x, phi, scale, experts):
-    ### BEGIN SOLUTION
     x_unit = x / np.sqrt((x**2).sum(axis=-1, keepdims=True) + EPS)
     phi_unit = phi / np.sqrt((phi**2).sum(axis=0, keepdims=True) + EPS)
     logits = scale * np.einsum("gtd,ds->gts", x_unit, phi_unit)
-    dispatch = softmax(logits, axis=1)
-    combine = softmax(logits, axis=2)
-    slots = np.einsum("gts,gtd->gsd", dispatch, x)
-    outputs = np.einsum("gsd,sdo->gso", slots, experts)
+    dispatch = softmax(logits, axis=1)  # over the tokens: every slot's weights sum to 1
+    combine = softmax(logits, axis=2)  # over the slots: every token's weights sum to 1
+    slots = np.einsum("gts,gtd->gsd", dispatch, x)  # the raw tokens: the normalisation is for the logits only
+    outputs = np.einsum("gsd,sdo->gso", slots, experts)  # slot s through expert s
     return np.einsum("gts,gso->gto", combine, outputs)
-    ### END SOLUTION
+### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "layer_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}

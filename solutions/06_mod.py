@@ -100,30 +100,28 @@ _answers.record("patches_tests", lambda: PREDICTED_PATCHES)
 # %% [markdown]
 # ## 4. Debug: a block that blows up (2 points)
 #
-# `mod_block_port(x, w, update, capacity)` below is the routed part of a Mixture-of-Depths block with standard
-# routing, as public MoD code wrote it: `x` and `update` `(batch, tokens, width)` (`update[b, i]` is what the block
-# would add to token i), the router's weights `w` `(width,)`; it returns the tokens after the block, `(batch,
-# tokens, width)`. It runs and processes the right tokens -- and one line is the blow-up chapter 6 warns about
-# where it asks where the scores come from: with large router weights the processed tokens grow without limit. Find
-# the line. Then write `mod_block(x, w, update, capacity)` in the answer cell: the port with that line fixed as the
-# course's library fixes it (copy it in, change the line).
+# `mod_block(x, w, update, capacity)` below is the routed part of a Mixture-of-Depths block with standard routing,
+# as public MoD code wrote it: `x` and `update` `(batch, tokens, width)` (`update[b, i]` is what the block would
+# add to token i), the router's weights `w` `(width,)`; it returns the tokens after the block, `(batch, tokens,
+# width)`. It runs and processes the right tokens -- and one line is the blow-up chapter 6 warns about where it
+# asks where the scores come from: with large router weights the processed tokens grow without limit. Run the test
+# below it, find the line and fix it in the cell as the course's library does (change as little as you can).
 
-# %% nbgrader={"grade": false, "grade_id": "block_given", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def mod_block_port(x, w, update, capacity):
+# %% nbgrader={"grade": false, "grade_id": "block_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def mod_block(x, w, update, capacity):
     r = x @ w  # (batch, tokens): A-MoD Eq. 1
     processed = mod_select(r, capacity)[1]
     gate = r  # multiplies the update, so that w receives a gradient (A-MoD Eq. 2)
     return x + np.where(processed, gate, 0.0)[..., None] * update
-
-
-# %% nbgrader={"grade": false, "grade_id": "block_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### END HANDOUT
+### BEGIN SOLUTION
 def mod_block(x, w, update, capacity):
-    ### BEGIN SOLUTION
-    r = x @ w
+    r = x @ w  # (batch, tokens): A-MoD Eq. 1
     processed = mod_select(r, capacity)[1]
-    gate = 1.0 / (1.0 + np.exp(-r))
+    gate = 1.0 / (1.0 + np.exp(-r))  # bounded (the library's mod_gate); w still receives a gradient
     return x + np.where(processed, gate, 0.0)[..., None] * update
-    ### END SOLUTION
+### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "block_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}

@@ -157,30 +157,29 @@ PREDICTED_RATIO = 0.536
 # %% [markdown]
 # ## 5. Debug: bytes sent per device (3 points)
 #
-# `mesh_bytes_port(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert,
+# `mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert,
 # itemsize=4)` below counts the bytes ONE device sends per MoE layer on a `data x expert` mesh (`itemsize` bytes
 # per number: 4 for float32; the counts divide evenly), with the rules of task 4. It runs, its capacity is
 # assignment 2's, and it grows with the buffers as it should -- and one line miscounts what crosses the
 # interconnect. Chapter 7 counts it from the program XLA compiled; the check below counts it in your
-# simulation of task 2. Find the line. Then write `mesh_bytes(...)`, same arguments, in the answer cell: the
-# port with that line fixed (copy it in, change the line).
+# simulation of task 2. Run the test below it, find the line and fix it in the cell (change as little as you
+# can).
 
-# %% nbgrader={"grade": false, "grade_id": "bytes_given", "locked": true, "schema_version": 3, "solution": false, "task": false}
-def mesh_bytes_port(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
+# %% nbgrader={"grade": false, "grade_id": "bytes_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
     capacity = max(1, int(np.floor(k * tokens_per_group * capacity_ratio / num_experts + 0.5 + 1e-9)))
     groups_per_device = total_groups // (data * expert)
     block = groups_per_device * (num_experts // expert) * capacity * dim  # the numbers for one device's experts
     return 2 * expert * block * itemsize  # there and back
-
-
-# %% nbgrader={"grade": false, "grade_id": "bytes_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### END HANDOUT
+### BEGIN SOLUTION
 def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
-    ### BEGIN SOLUTION
     capacity = max(1, int(np.floor(k * tokens_per_group * capacity_ratio / num_experts + 0.5 + 1e-9)))
     groups_per_device = total_groups // (data * expert)
-    block = groups_per_device * (num_experts // expert) * capacity * dim
-    return 2 * (expert - 1) * block * itemsize
-    ### END SOLUTION
+    block = groups_per_device * (num_experts // expert) * capacity * dim  # the numbers for one device's experts
+    return 2 * (expert - 1) * block * itemsize  # there and back; the block for its own experts stays
+### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "bytes_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}

@@ -180,9 +180,10 @@ assert np.allclose(dense_moe, loop, atol=1e-5)
 
 # %%
 k = 2
-top = np.argsort(-dense_gate, axis=1, kind="stable")[:, :k]  # (tokens, k) the k experts with the largest gate
+sparse_route = top_k_routing(router(x), k)  # the library's TOP-k (section 2): the k largest gates, unchanged
+top = np.asarray(sparse_route.expert_index[0])  # (tokens, k) the k experts with the largest gate
 sparse_gate = np.zeros_like(dense_gate)
-np.put_along_axis(sparse_gate, top, np.take_along_axis(dense_gate, top, 1), axis=1)
+np.put_along_axis(sparse_gate, top, np.asarray(sparse_route.gates[0]), axis=1)
 only_k_run = np.stack([sum(dense_gate[t, e] * expert_mlp(weights_1, e, x_np[t]) for e in top[t])
                        for t in range(len(x_np))])  # only the k chosen experts run
 zeros_in_the_dense_sum = np.einsum("te,etd->td", sparse_gate, np.asarray(every_expert_output))
@@ -504,10 +505,10 @@ show_dropped_patches(batch["image"], {"vanilla": served_vanilla, "BPR": served_b
 # </details>
 
 # %% [markdown]
-# **Change one thing.** In the cell above, change the capacity ratio in `b_half = expert_capacity(1, TOKENS, 0.5, E)`
-# from `0.5` to `0.25` (four slots per expert) and re-run it and the two cells after it. Before you do: which rows of
-# the picture change most, and does vanilla's image order of losses get stronger or weaker? Put `0.5` back
-# afterwards.
+# **Change one thing.** In the cell above, change `0.5` in `b_half = expert_capacity(1, TOKENS, 0.5, E)` to `0.25`
+# (four slots per expert); re-run that cell, then the next two code cells (the one printing `B_e` and the buffers'
+# picture). Before you do: which rows of the picture change the most, and does the image order of vanilla's
+# losses get stronger or weaker? Put `0.5` back afterwards.
 #
 # <details><summary>Answer</summary>
 #
@@ -1011,14 +1012,22 @@ if torch is not None:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/02_moe_layer.ipynb](../exercises/02_moe_layer.ipynb) asks you to write TOP-k routing, the expert
-# capacity, Experts Choice -- each expert picks its tokens, which no chapter writes out (chapter 5 uses the
-# library's) -- and the importance and load losses in NumPy, and to predict a number before the check computes
-# it (16 points).
+# The exercise notebook `02_moe_layer` asks you to write TOP-k routing, the expert capacity, Experts Choice (which
+# no chapter writes out) and the importance and load losses in NumPy, to predict what Experts Choice leaves out, to
+# fix a gate that takes its softmax after TOP-k, and to explain why tokens are dropped (18 points + 2 by the
+# instructor).
 #
-# Check your answers with `moe-course check exercises/02_moe_layer.ipynb` from the repository's root (no
-# instructor tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/02_moe_layer.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 02
+# moe-course check mywork/02_moe_layer.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

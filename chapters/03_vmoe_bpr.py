@@ -658,13 +658,22 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/03_vmoe_bpr.ipynb](../exercises/03_vmoe_bpr.ipynb) asks you to write BPR's priority order and which
-# TOP-1 choices BPR serves *without* the chapter's loop over tokens, and to predict how many choices BPR drops in
-# a small example (7 points).
+# The exercise notebook `03_vmoe_bpr` asks you to write BPR's priority order and which TOP-1 choices BPR serves
+# *without* the chapter's loop over tokens, to predict how many choices BPR drops before you write that, to fix an
+# evaluation's routing groups (a class-sorted split), and to explain which choices vanilla routing and BPR drop (9
+# points, and 2 graded by the instructor).
 #
-# Check your answers with `moe-course check exercises/03_vmoe_bpr.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/03_vmoe_bpr.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 03
+# moe-course check mywork/03_vmoe_bpr.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

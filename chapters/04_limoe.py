@@ -1092,13 +1092,22 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/04_limoe.ipynb](../exercises/04_limoe.ipynb) asks you to write the entropy, the local and global
-# entropy losses, and the router z-loss (App. B, which this chapter does not write out) in NumPy, and to predict a
-# number before the check computes it (10 points).
+# The exercise notebook `04_limoe` asks you to write the entropy, the local and global entropy losses and the router
+# z-loss (App. B) in NumPy, to predict a global loss before you write it, to fix a modality's mean router
+# distribution that counts padding, and to explain why LIMoE needs entropy losses per modality (12 points + 2 by
+# the instructor).
 #
-# Check your answers with `moe-course check exercises/04_limoe.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/04_limoe.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 04
+# moe-course check mywork/04_limoe.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

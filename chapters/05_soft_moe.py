@@ -773,13 +773,22 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/05_soft_moe.ipynb](../exercises/05_soft_moe.ipynb) asks you how many tokens a Soft MoE slot
-# effectively averages, what its dispatch and combine weights become in the large-scale limit, and to predict a
-# number before the check computes it (8 points).
+# The exercise notebook `05_soft_moe` asks you how many tokens a Soft MoE slot effectively averages and which token a
+# slot copies in the large-scale limit, to predict how the layer's output scales with its tokens, to fix a port that
+# feeds normalised tokens to the experts, and to explain what that mistake costs (13 points, 2 of them graded by your
+# instructor).
 #
-# Check your answers with `moe-course check exercises/05_soft_moe.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/05_soft_moe.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 05
+# moe-course check mywork/05_soft_moe.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

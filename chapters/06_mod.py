@@ -775,13 +775,22 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/06_mod.ipynb](../exercises/06_mod.ipynb) asks you to write an MoD block's capacity and top-K
-# selection, the standard router's gradient by hand (the gate that makes the router learn), and to predict how
-# many patches a block keeps (11 points).
+# The exercise notebook `06_mod` asks you to write an MoD block's capacity and top-K selection, to predict how many
+# patches a block keeps before your selection counts them, to fix a block whose gate is unbounded, to write the
+# standard router's gradient by hand (the gate that makes the router learn), and to explain what a clipped gate would
+# do (15 points, 2 of them graded by your instructor).
 #
-# Check your answers with `moe-course check exercises/06_mod.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/06_mod.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 06
+# moe-course check mywork/06_mod.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References

@@ -9,7 +9,7 @@ import zipfile
 from pathlib import Path
 
 from moe_course.configs import PRESETS
-from moe_course import selfcheck
+from moe_course import exercise, selfcheck
 from moe_course.course.instructor import cli as course_cli
 from moe_course.configs.vmoe import ALLOCATIONS, PRIORITIES
 from moe_course.routing.mod import MOD_ROUTERS
@@ -127,6 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_routing_args(evaluate, "evaluate the trained model with other settings")
     course_cli.add_parser(sub)
     selfcheck.add_parser(sub)
+    exercise.add_parser(sub)
     return parser
 
 
@@ -613,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     from moe_course.train.checkpoint import WorkdirError
 
     try:
-        commands = {"train": _train, "evaluate": _evaluate, "course": course_cli.run, "check": selfcheck.run}
+        commands = {"train": _train, "evaluate": _evaluate, "course": course_cli.run, "check": selfcheck.run,
+                    "exercise": exercise.run}
         summary = commands[args.command](args)
     except TrainingDiverged as err:  # NaN/inf loss or parameters; the checkpoints on disk stay good
         print(f"moe-course {args.command}: error: {err}", file=sys.stderr)

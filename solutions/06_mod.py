@@ -2,11 +2,15 @@
 # # Assignment 6: Mixture-of-Depths routing
 #
 # A Mixture-of-Depths block processes only the `round(C * P)` highest-scoring of an image's P tokens; the
-# others skip it. You write the capacity and the selection in NumPy, then the gradient that reaches a
-# standard router's weights through the gate (which chapter 6 left to `jax.grad`), and predict how many patch
-# tokens a block processes; the graded tests compare your answers with `moe_course.routing.mod`.
+# others skip it. You write the capacity and the selection in NumPy, predict how many patch tokens a block
+# processes before your selection counts them, fix a block whose gate is unbounded, write the gradient that
+# reaches a standard router's weights through the gate (which chapter 6 left to `jax.grad`), and explain what
+# another gate would do; the graded tests compare your answers with `moe_course.routing.mod`. 15 points: 13
+# graded automatically, 2 (task 6) by your instructor.
 #
-# Check your work with `moe-course check 06_mod.ipynb` (the visible tests, with the base install).
+# Work in your own copy: `moe-course exercise 06` puts it in `mywork/06_mod.ipynb`. Check it with
+# `moe-course check mywork/06_mod.ipynb` (the visible tests, with the base install; from the repository's root
+# or any folder in it).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np
@@ -35,7 +39,22 @@ _answers.record("capacity_tests", mod_capacity)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 2. Selection (4 points)
+# ## 2. Predict first (2 points)
+#
+# A ViT-B/16 at 224 x 224 pixels has 196 patch tokens plus the class token: P = 197. A Mixture-of-Depths block
+# with capacity C = 0.125 and `keep_first=True` (the class token always processed). How many PATCH tokens (not
+# counting the class token) does the block process per image? Write the number NOW, before you write the
+# selection in task 3: the check after task 3 counts it with your `mod_select`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_PATCHES = your number`.
+
+# %% nbgrader={"grade": false, "grade_id": "patches_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_PATCHES = 24
+### END SOLUTION
+
+# %% [markdown]
+# ## 3. Selection (4 points)
 #
 # `mod_select(scores, capacity, keep_first)` returns `(index, processed)`: `index` `(batch, selected)` holds
 # the positions of the `mod_capacity(tokens, capacity)` highest-scoring tokens of every image IN ASCENDING
@@ -68,8 +87,60 @@ import moe_course.course.inside.answers as _answers  # the grader compares the o
 _answers.record("select_tests", mod_select)
 ### END HIDDEN TESTS
 
+# %% nbgrader={"grade": true, "grade_id": "patches_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+index, processed = mod_select(rng.random(size=(2, 197)), 0.125, keep_first=True)
+counted = int(processed[0, 1:].sum())
+assert PREDICTED_PATCHES == counted, f"you predicted {PREDICTED_PATCHES}, mod_select processes {counted} patch tokens"
+print(f"ok: predicted {PREDICTED_PATCHES} patch tokens; mod_select processes {counted} (and the class token)")
+### BEGIN HIDDEN TESTS
+import moe_course.course.inside.answers as _answers  # the grader counts with moe_course.routing.mod
+_answers.record("patches_tests", lambda: PREDICTED_PATCHES)
+### END HIDDEN TESTS
+
 # %% [markdown]
-# ## 3. The router's gradient, by hand (4 points)
+# ## 4. Debug: a block that blows up (2 points)
+#
+# `mod_block(x, w, update, capacity)` below is the routed part of a Mixture-of-Depths block with standard routing,
+# as public MoD code wrote it: `x` and `update` `(batch, tokens, width)` (`update[b, i]` is what the block would
+# add to token i), the router's weights `w` `(width,)`; it returns the tokens after the block, `(batch, tokens,
+# width)`. It runs and processes the right tokens -- and one line is the blow-up chapter 6 warns about where it
+# asks where the scores come from: with large router weights the processed tokens grow without limit. Run the test
+# below it, find the line and fix it in the cell as the course's library does (change as little as you can).
+
+# %% nbgrader={"grade": false, "grade_id": "block_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def mod_block(x, w, update, capacity):
+    r = x @ w  # (batch, tokens): A-MoD Eq. 1
+    processed = mod_select(r, capacity)[1]
+    gate = r  # multiplies the update, so that w receives a gradient (A-MoD Eq. 2)
+    return x + np.where(processed, gate, 0.0)[..., None] * update
+### END HANDOUT
+### BEGIN SOLUTION
+def mod_block(x, w, update, capacity):
+    r = x @ w  # (batch, tokens): A-MoD Eq. 1
+    processed = mod_select(r, capacity)[1]
+    gate = 1.0 / (1.0 + np.exp(-r))  # bounded (the library's mod_gate); w still receives a gradient
+    return x + np.where(processed, gate, 0.0)[..., None] * update
+### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "block_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+x, update = rng.normal(size=(2, 3, 8, 4))
+w = rng.normal(size=4)
+for factor in (1.0, 100.0):  # router weights grown a hundredfold
+    moved = np.linalg.norm(mod_block(x, factor * w, update, 0.5) - x, axis=-1)
+    assert np.all(moved <= np.linalg.norm(update, axis=-1) + 1e-9), \
+        f"with router weights x{factor:g} a token moved {moved.max():.1f}, more than its whole update"
+    kept = mod_select(x @ w, 0.5)[1]
+    assert np.array_equal(mod_block(x, factor * w, update, 0.5)[~kept], x[~kept]), "skipped tokens must not change"
+print("ok: mod_block moves no token by more than its update, even with router weights x100; skipped tokens stay")
+### BEGIN HIDDEN TESTS
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.mod
+_answers.record("block_tests", mod_block)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 5. The router's gradient, by hand (4 points)
 #
 # Chapter 6 let `jax.grad` find that the router weights `w` get a gradient only through the gate. Here you
 # write that gradient yourself. With standard routing `r_i = x_i . w`, a block keeps the `mod_capacity`
@@ -112,27 +183,27 @@ import moe_course.course.inside.answers as _answers  # the grader compares with 
 _answers.record("gradient_tests", router_gradient)
 ### END HIDDEN TESTS
 
+
 # %% [markdown]
-# ## 4. Predict, then run (2 points)
+# ## 6. Explain (2 points, graded by your instructor)
 #
-# A ViT-B/16 at 224 x 224 pixels has 196 patch tokens plus the class token: P = 197. A Mixture-of-Depths block
-# with capacity C = 0.125 and `keep_first=True` (the class token always processed). How many PATCH tokens
-# (not counting the class token) does the block process per image? Write the number BEFORE you run the
-# check, which counts it with your `mod_select`.
+# A colleague bounds the gate of task 4 differently: `gate = np.clip(r, 0, 1)` instead of your fix. In three to
+# six sentences: does this change which tokens the block processes? What happens to the router's learning --
+# use your `router_gradient`: which tokens still send a gradient to `w`, at initialisation and later? Write your
+# answer in the cell below, in place of `YOUR ANSWER HERE`.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "gate_explain", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# The choice does not change: the block selects by the score `r` itself, before any gate, so the processed tokens
+# are the same with either gate. The learning does: the gradient reaching `w` through a token is
+# `(grad_out . u) * gate'(r) * x`, and the clipped gate's derivative is 0 wherever `r < 0` or `r > 1`. A processed
+# token with a negative score gets gate 0 -- its update is thrown away -- and sends no gradient, so the router
+# cannot learn to raise it; one with `r > 1` sends none either. At initialisation the scores are spread around 0,
+# so about half the processed tokens are silent (and their updates lost); later, scores pushed above 1 freeze.
+# The sigmoid's derivative is positive everywhere, so every processed token keeps teaching the router.
 #
-# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_PATCHES = your number`.
-
-# %% nbgrader={"grade": false, "grade_id": "patches_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-### BEGIN SOLUTION
-PREDICTED_PATCHES = 24
-### END SOLUTION
-
-# %% nbgrader={"grade": true, "grade_id": "patches_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-index, processed = mod_select(rng.random(size=(2, 197)), 0.125, keep_first=True)
-counted = int(processed[0, 1:].sum())
-assert PREDICTED_PATCHES == counted, f"you predicted {PREDICTED_PATCHES}, mod_select processes {counted} patch tokens"
-print(f"ok: predicted {PREDICTED_PATCHES} patch tokens; mod_select processes {counted} (and the class token)")
-### BEGIN HIDDEN TESTS
-import moe_course.course.inside.answers as _answers  # the grader counts with moe_course.routing.mod
-_answers.record("patches_tests", lambda: PREDICTED_PATCHES)
-### END HIDDEN TESTS
+# Rubric (2 points): 1 point for "the selection uses r, not the gate: the same tokens are processed". 1 point for
+# the gradient argument: the clip's derivative vanishes outside [0, 1], so those processed tokens send no
+# gradient to w (naming the negative scores at initialisation, or the lost updates at gate 0, is enough). No
+# point for "clipping is also bounded, so it is fine" without the gradient.
+# ### END SOLUTION

@@ -9,11 +9,14 @@
 #
 # Here you simulate n devices in NumPy: an array whose FIRST axis is the device, `per_device[d]` being what
 # device d holds. You write the all-to-all itself (chapter 7 uses the library's), both exchanges of an MoE
-# layer as one call of it each, where each expert lives, and the bytes a device sends on any mesh; then you
-# predict the traffic on a new mesh. The graded
-# tests compare with `moe_course.parallel`, whose exchange is `jax.lax.all_to_all` inside `jax.shard_map`.
+# layer as one call of it each, and where each expert lives; you predict the traffic of a new mesh and layer,
+# fix a byte count that is wrong, and explain how you would lay out a mesh over two hosts. The graded tests
+# compare with `moe_course.parallel`, whose exchange is `jax.lax.all_to_all` inside `jax.shard_map`. 15 points:
+# 13 graded automatically, 2 (task 6) by your instructor.
 #
-# Check your work with `moe-course check 07_scale.ipynb` (the visible tests, with the base install).
+# Work in your own copy: `moe-course exercise 07` puts it in `mywork/07_scale.ipynb`. Check it with
+# `moe-course check mywork/07_scale.ipynb` (the visible tests, with the base install; from the repository's root
+# or any folder in it).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import numpy as np
@@ -130,26 +133,53 @@ _answers.record("home_tests", expert_home)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. Bytes sent per device, on any mesh (3 points)
+# ## 4. Predict first (2 points)
 #
-# Every buffer is padded to B slots, full or not, so the traffic does not depend on the routing. In one
-# exchange a device keeps the block for its own experts and sends the other blocks, one to each other device
-# of its expert axis; the forward pass of an MoE layer exchanges twice (there and back). On a mesh of `data x
-# expert` devices (`data` rows, `expert` devices per row), the `total_groups` routing groups of a batch are
-# split evenly over all the devices, the experts over the `expert` devices of a row, and a device exchanges
-# only with its own row. Every expert's buffer has `B = round(k * tokens_per_group * C / E)` slots (a half
-# rounds up; at least 1), as in assignment 2. `mesh_bytes(total_groups, tokens_per_group, num_experts, k,
-# capacity_ratio, dim, data, expert, itemsize=4)` returns the bytes ONE device sends per MoE layer
-# (`itemsize` bytes per number: 4 for float32). The counts divide evenly.
+# Every buffer is padded to B slots, full or not, so the traffic does not depend on the routing. On a mesh of
+# `data x expert` devices (`data` rows, `expert` devices per row), the routing groups of a batch are split
+# evenly over all the devices, the experts over the `expert` devices of a row, and a device exchanges only with
+# its own row; the forward pass of an MoE layer exchanges twice (there and back). Every expert's buffer has
+# `B = round(k * tokens_per_group * C / E)` slots (a half rounds up; at least 1), as in assignment 2.
+#
+# A layer of 16 experts with k = 2 and C = 1, groups of 64 tokens, width 64, runs on one row of 8 devices
+# (`data=1, expert=8`), 16 groups in a batch. Now change two things: the same 8 devices become a mesh `data=2,
+# expert=4`, and the layer runs with k = 1 and C = 1.25 (the batch stays 16 groups). By what factor does the
+# number of bytes EACH device sends per MoE layer change (new divided by old)? Write it (to 3 decimals) NOW,
+# before task 5: the check after task 5 computes it with the byte count you fix there.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_RATIO = your number`.
 
-# %% nbgrader={"grade": false, "grade_id": "bytes_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "mesh_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_RATIO = 0.536
+### END SOLUTION
+
+# %% [markdown]
+# ## 5. Debug: bytes sent per device (3 points)
+#
+# `mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert,
+# itemsize=4)` below counts the bytes ONE device sends per MoE layer on a `data x expert` mesh (`itemsize` bytes
+# per number: 4 for float32; the counts divide evenly), with the rules of task 4. It runs, its capacity is
+# assignment 2's, and it grows with the buffers as it should -- and one line miscounts what crosses the
+# interconnect. Chapter 7 counts it from the program XLA compiled; the check below counts it in your
+# simulation of task 2. Run the test below it, find the line and fix it in the cell (change as little as you
+# can).
+
+# %% nbgrader={"grade": false, "grade_id": "bytes_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
 def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
-    ### BEGIN SOLUTION
     capacity = max(1, int(np.floor(k * tokens_per_group * capacity_ratio / num_experts + 0.5 + 1e-9)))
     groups_per_device = total_groups // (data * expert)
-    block = groups_per_device * (num_experts // expert) * capacity * dim
-    return 2 * (expert - 1) * block * itemsize
-    ### END SOLUTION
+    block = groups_per_device * (num_experts // expert) * capacity * dim  # the numbers for one device's experts
+    return 2 * expert * block * itemsize  # there and back
+### END HANDOUT
+### BEGIN SOLUTION
+def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
+    capacity = max(1, int(np.floor(k * tokens_per_group * capacity_ratio / num_experts + 0.5 + 1e-9)))
+    groups_per_device = total_groups // (data * expert)
+    block = groups_per_device * (num_experts // expert) * capacity * dim  # the numbers for one device's experts
+    return 2 * (expert - 1) * block * itemsize  # there and back; the block for its own experts stays
+### END SOLUTION
 
 
 # %% nbgrader={"grade": true, "grade_id": "bytes_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
@@ -161,7 +191,7 @@ source = np.broadcast_to(np.arange(n)[:, None, None, None, None], (n, g, experts
 arrived = to_experts(source)
 counted = 4 * 2 * sum(int((arrived[d] != d).sum()) for d in range(n)) // n  # float32, 2 exchanges, per device
 formula = mesh_bytes(n * g, 12, experts, 2, 1.0, width, 1, n)
-assert formula == counted, f"formula {formula} bytes, counted in the simulation {counted} bytes"
+assert formula == counted, f"mesh_bytes gives {formula} bytes, counted in the simulation {counted} bytes"
 assert mesh_bytes(2 * n * g, 12, experts, 2, 1.0, width, 2, n) == counted, "a second row adds no traffic per device"
 assert mesh_bytes(8, 12, experts, 2, 1.0, width, 8, 1) == 0, "without an expert axis nothing is sent"
 print(f"ok: mesh_bytes equals the {counted} bytes counted in the simulation, on 1 and 2 rows; 0 without an expert axis")
@@ -170,26 +200,38 @@ import moe_course.course.inside.answers as _answers  # the grader compares the o
 _answers.record("bytes_tests", mesh_bytes)
 ### END HIDDEN TESTS
 
-# %% [markdown]
-# ## 5. Predict, then run (2 points)
-#
-# A new mesh: the same layer (16 experts, groups of 64 tokens, k = 2, C = 1, width 64) runs on one row of 8
-# devices instead of 4, each device still holding 2 groups of images (so the batch doubles). By what factor
-# does the number of bytes EACH device sends per MoE layer change (8 devices' bytes divided by 4 devices'
-# bytes)? Write it (to 3 decimals) BEFORE you run the check, which computes it with your `mesh_bytes`.
-#
-# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_RATIO = your number`.
-
-# %% nbgrader={"grade": false, "grade_id": "mesh_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-### BEGIN SOLUTION
-PREDICTED_RATIO = 1.167
-### END SOLUTION
-
 # %% nbgrader={"grade": true, "grade_id": "mesh_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-computed = mesh_bytes(16, 64, 16, 2, 1.0, 64, 1, 8) / mesh_bytes(8, 64, 16, 2, 1.0, 64, 1, 4)
+computed = mesh_bytes(16, 64, 16, 1, 1.25, 64, 2, 4) / mesh_bytes(16, 64, 16, 2, 1.0, 64, 1, 8)
 assert abs(PREDICTED_RATIO - computed) < 1e-3, f"you predicted {PREDICTED_RATIO}, mesh_bytes gives {computed:.4f}"
 print(f"ok: predicted a factor {PREDICTED_RATIO}, mesh_bytes gives {computed:.4f}")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.inside.answers as _answers  # the grader computes it with moe_course.parallel
 _answers.record("mesh_tests", lambda: PREDICTED_RATIO)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 6. Explain (2 points, graded by your instructor)
+#
+# You have two hosts of 4 accelerators each: fast links between the accelerators of a host, a slow network
+# between the hosts. An MoE layer has 32 experts, and the 8 devices can form the mesh `data=1, expert=8`,
+# `data=2, expert=4` (each row one host) or `data=4, expert=2`. In three to six sentences: which exchanges cross
+# the slow network in each, how do the bytes per device and the experts each device must hold compare (use your
+# `mesh_bytes` and task 3), and which mesh would you choose? Write your answer in the cell below, in place of
+# `YOUR ANSWER HERE`.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "mesh_explain", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# A device exchanges only with its own row, so the mesh decides what crosses hosts. With `expert=8` the row spans
+# both hosts: every all-to-all sends 4 of a device's 7 outgoing blocks over the slow network; each device holds 4
+# experts and sends 7/8 of its buffers. With `data=2, expert=4` and one row per host, nothing of the all-to-all
+# leaves a host; each device holds 8 experts and sends 3/4 of its buffers (6/7 of the bytes of `expert=8` for
+# the same groups per device). With `data=4, expert=2` the rows stay inside a host too; each device sends only
+# half of its buffers but holds 16 experts -- twice the memory for the expert weights. I would choose `data=2,
+# expert=4`: the exchange stays on the fast links and the experts still fit; only the data axis's gradient
+# all-reduce crosses hosts, once per step.
+#
+# Rubric (2 points): 1 point for "the exchange stays within a row (the expert axis)", so `expert=8` crosses hosts
+# and the two others do not. 1 point for the trade-off, with numbers or fractions from mesh_bytes or task 3:
+# fewer devices per row send a smaller share ((n-1)/n) but hold more experts (E/n each). A choice of
+# `data=4, expert=2` with its memory cost named also earns it.
+# ### END SOLUTION

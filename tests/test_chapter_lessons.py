@@ -161,10 +161,13 @@ def test_chapter_ends_with_summary_exercises_and_references(chapter):
     bullets = [line for line in summary.splitlines() if line.startswith("- ")]
     assert 3 <= len(bullets) <= 6, f"{chapter.stem}: the summary has {len(bullets)} bullets (3-6)"
     notebook = ROOT / "exercises" / f"{chapter.stem}.ipynb"
-    if notebook.exists():
-        assert f"(../exercises/{chapter.stem}.ipynb)" in exercises, f"{chapter.stem}: link its exercise notebook"
-        assert f"moe-course check exercises/{chapter.stem}.ipynb" in exercises, \
-            f"{chapter.stem}: say how to check the exercises without the instructor tools"
+    if notebook.exists():  # the one path (README, exercises/README.md): copy with the command, check the copy
+        assert f"moe-course exercise {chapter.stem[:2]}\n" in exercises, \
+            f"{chapter.stem}: say how to get your copy (moe-course exercise {chapter.stem[:2]})"
+        assert f"moe-course check mywork/{chapter.stem}.ipynb" in exercises, \
+            f"{chapter.stem}: say how to check your copy without the instructor tools"
+        assert "](../exercises/" not in exercises, \
+            f"{chapter.stem}: no link to the tracked handout (JupyterLab would save over it): give the command"
     assert ARXIV_LINK.search(references), f"{chapter.stem}: the references link no paper on arXiv"
 
 

@@ -33,6 +33,11 @@ from headless_chromium import browser_context  # noqa: E402
 # nbgrader's add_submission warns that the objects it made are not in its session yet (it adds them after)
 pytestmark = pytest.mark.filterwarnings("ignore:Object of type <Submitted")
 NAME = "06_mod"
+# The real score of an empty submission: 0 of the autograded points (the code test cells; an explain task's
+# points are the instructor's and not in the total)
+REAL_SCORE = "(Score: 0.0 / {:.1f})".format(sum(
+    cell.metadata["nbgrader"]["points"] for cell in build.source_notebook(build.SOLUTIONS / f"{NAME}.py").cells
+    if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade")))
 PWN = "window.__pwned=1;document.title='pwned'"
 
 
@@ -213,14 +218,14 @@ def test_hostile_feedback_runs_nothing_requests_nothing_and_shows_the_figure(pag
 def test_a_forged_score_cannot_be_drawn_over_the_real_one(pages, browser):
     """The boxes of the forged scores do not meet the real score's, and what the browser shows at every point of
     the real score (Chromium's hit test, which follows painting order and clipping) is the real score."""
-    assert "(Score: 0.0 / 11.0)" in pages["forged"]
+    assert REAL_SCORE in pages["forged"]
     page = browser.new_page()
     page.set_viewport_size({"width": 1000, "height": 700})
     page.goto(pages["paths"]["forged"].resolve().as_uri())
     page.wait_for_load_state("load")
-    boxes = page.evaluate("""(() => {
+    boxes = page.evaluate("""(score => {
         const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
-        const real = [...document.querySelectorAll('h4')].find(e => e.textContent.includes('(Score: 0.0 / 11.0)'));
+        const real = [...document.querySelectorAll('h4')].find(e => e.textContent.includes(score));
         const forged = [...document.querySelectorAll('body *')].filter(
             e => !e.children.length && /Score: [89]\.0 \/ [89]\.0/.test(e.textContent));
         const [left, top, right, bottom] = box(real);
@@ -229,7 +234,7 @@ def test_a_forged_score_cannot_be_drawn_over_the_real_one(pages, browser):
             for (const y of [top + 1, (top + bottom) / 2, bottom - 1])
                 hidden += !real.contains(document.elementFromPoint(x, y));
         return {real: box(real), forged: forged.map(box), hidden};
-    })()""")
+    })""", REAL_SCORE)
     page.close()
     left, top, right, bottom = boxes["real"]
     assert right - left > 100 and bottom - top > 10, boxes

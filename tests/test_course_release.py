@@ -53,6 +53,82 @@ def test_exercise_holds_no_answer_or_hidden_test(name):
     assert "raise NotImplementedError()" in released
 
 
+def _explain_cells(notebook) -> dict:
+    """{grade_id: source} of the explain cells (graded markdown cells) of a notebook node or JSON dict."""
+    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in notebook["cells"]
+            if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")}
+
+
+@pytest.mark.parametrize("name", assignment_names())
+def test_an_explain_answer_and_its_rubric_are_never_released(name):
+    """The model answer and the rubric of every explain cell (between its solution markers) are replaced by
+    nbgrader's YOUR ANSWER HERE; no line of them is anywhere in the released notebook."""
+    import json
+
+    source = _explain_cells(build.source_notebook(ROOT / "solutions" / f"{name}.py"))
+    released_text = (ROOT / "exercises" / f"{name}.ipynb").read_text()
+    released = _explain_cells(json.loads(released_text))
+    assert sorted(released) == sorted(source)
+    for grade_id, text in source.items():
+        assert released[grade_id] == "YOUR ANSWER HERE", (name, grade_id)
+        answer = REGION.search(text + "\n").group(2)
+        assert "Rubric" in answer, f"{name}: {grade_id} has no rubric for the instructor"
+        leaked = [line for line in answer.splitlines() if len(line.strip()) > 8 and line.strip() in released_text]
+        assert not leaked, (name, grade_id, leaked[:3])
+
+
+DEBUG_TASKS = {"01_vit": "attention_debug", "02_moe_layer": "softmax_debug", "03_vmoe_bpr": "order_debug",
+               "04_limoe": "padding_debug", "05_soft_moe": "layer_debug", "06_mod": "block_debug",
+               "07_scale": "bytes_debug"}  # the debug task of each assignment (issue 53)
+
+
+@pytest.mark.parametrize("name", sorted(DEBUG_TASKS))
+def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name):
+    """The released debug cell holds the handout code (the planted bug), not nbgrader's stub; run on the grader's
+    inputs (after the solution's cells above it: the learner's earlier answers), that code fails the check of the
+    test cell that records its function (the fixed code in the solution passes it: the grading round trip's full
+    marks)."""
+    import json
+
+    from moe_course.course.inside.answers import check_cases, load_checks
+    from moe_course.course.inside.compare import judge
+    from moe_course.course.limits.verdict import references
+
+    cells = json.loads((ROOT / "exercises" / f"{name}.ipynb").read_text())["cells"]
+    by_id = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"]) for c in cells}
+    handout = by_id[DEBUG_TASKS[name]]
+    assert "NotImplementedError" not in handout and "HANDOUT" not in handout, handout
+    namespace = {}
+    for cell in build.source_notebook(ROOT / "solutions" / f"{name}.py").cells:  # setup and the answers above it
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade_id") == DEBUG_TASKS[name]:
+            break
+        if cell.cell_type == "code" and not meta.get("grade"):
+            exec(cell.source, namespace)
+    exec(handout, namespace)
+    graded = build.graded_functions(ROOT / "solutions" / f"{name}.py")
+    grade_id, function = next((g, f[0]) for g, f in graded.items() if f and f[0] in namespace and
+                              f"def {f[0]}(" in handout)
+    check = load_checks(ROOT / "solutions" / "checks" / f"{name}.py")[grade_id]
+    for seed in (0, 1):
+        cases = check_cases(check, grade_id, seed)
+        reason = judge(check, grade_id, cases, [check.outputs(namespace[function], c) for c in cases],
+                       references(check, cases))
+        assert reason is not None, f"{name}: the handout's {function} passes {grade_id} for seed {seed}"
+
+
+def test_a_graded_markdown_cell_without_its_solution_markers_is_refused(tmp_path):
+    """A graded markdown cell is an explain cell: without the markers nbgrader would release the rubric."""
+    solutions = tmp_path / "solutions"
+    (solutions / "checks").mkdir(parents=True)
+    text = (ROOT / "solutions" / "01_vit.py").read_text()
+    assert "# ### BEGIN SOLUTION\n# The same output" in text
+    (solutions / "01_vit.py").write_text(text.replace("# ### BEGIN SOLUTION\n# The same output", "# The same output"))
+    (solutions / "checks" / "01_vit.py").write_text((ROOT / "solutions" / "checks" / "01_vit.py").read_text())
+    with pytest.raises(build.ReleaseError, match="'positions_explain' must be an explain cell"):
+        build.install_checks(solutions / "01_vit.py", tmp_path / "course")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["release", "99_nope"], "assignment='99_nope' is not allowed"),
     (["collect", "/nonexistent", "--assignment", "01_vit"], "export_dir='/nonexistent' is not a folder"),

@@ -63,6 +63,27 @@ def test_an_edited_cell_reaches_the_py_file(manager, tmp_path):
     assert "print('my change')" in (tmp_path / chapter.name).read_text()
 
 
+def _new_notebook(folder: Path) -> set[str]:
+    """The files a notebook made and saved in ``folder`` by JupyterLab's Launcher leaves there."""
+    manager = TextFileContentsManager(root_dir=str(folder))
+    before = {path.name for path in folder.iterdir()}
+    model = manager.new_untitled(type="notebook")
+    notebook = manager.get(model["path"])["content"]
+    _run_like_lab(notebook)
+    manager.save({"type": "notebook", "content": notebook}, model["path"])
+    return {path.name for path in folder.iterdir() if path.is_file()} - before
+
+
+def test_only_chapters_are_paired(manager, tmp_path):
+    """A new notebook made in chapters/ stays a plain notebook: no Untitled.py appears (the chapters' pairing is
+    checked above). The same folder paired for every notebook, as it was, does make one."""
+    assert _new_notebook(tmp_path) == {"Untitled.ipynb"}
+    everything = tmp_path / "everything"
+    everything.mkdir()
+    (everything / "jupytext.toml").write_text('formats = "ipynb,py:percent"\n')
+    assert _new_notebook(everything) == {"Untitled.ipynb", "Untitled.py"}
+
+
 def test_paired_notebooks_are_git_ignored():
     result = subprocess.run(["git", "check-ignore", "-q", "chapters/01_vit.ipynb"], cwd=ROOT)
     assert result.returncode == 0, "chapters/*.ipynb must be git-ignored: they hold each learner's outputs"

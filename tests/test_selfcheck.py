@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from course_submissions import answered
+from course_submissions import answer_cells, answered
 from moe_course import selfcheck
 from moe_course.cli import main
 from moe_course.course.instructor.build import source_notebook
@@ -56,8 +56,9 @@ def test_a_filled_exercise_passes(blocked_env, tmp_path):
     done = _check(mine, blocked_env, cli=True)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(lines) == 4 and all(": passed (ok: " in line for line in lines[:3]), done.stdout
-    assert lines[-1].startswith(f"3 of 3 tasks passed ({NAME}.ipynb)")
+    assert len(lines) == 6 and sum(": passed (ok: " in line for line in lines[:5]) == 4, done.stdout
+    assert lines[3].endswith("(2 pt): explain: graded by the instructor"), done.stdout  # the answer is written
+    assert lines[-1].startswith(f"4 of 4 tasks passed ({NAME}.ipynb)")
 
     wrong = json.loads(mine.read_text())  # a wrong prediction: that task fails with the check's message
     cell = next(c for c in wrong["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "dropped_answer")
@@ -69,12 +70,31 @@ def test_a_filled_exercise_passes(blocked_env, tmp_path):
     assert line.endswith("(2 pt): failed: AssertionError: you predicted 5, bpr_top1_served drops 3"), done.stdout
 
 
+def test_a_prediction_left_blank_marks_only_its_own_check(blocked_env, tmp_path):
+    """The prediction is answered before the function it is checked with: left blank, only its own check (the
+    last task) is not attempted, not the function's test that comes between."""
+    source = tmp_path / "source.ipynb"
+    source.write_text(json.dumps(source_notebook(ROOT / "solutions" / f"{NAME}.py")))
+    answers = [grade_id for grade_id in answer_cells(source) if grade_id != "dropped_answer"]
+    mine = tmp_path / f"{NAME}.ipynb"
+    mine.write_text(json.dumps(answered(ROOT / "exercises" / f"{NAME}.ipynb", source, answers)))
+    done = _check(mine, blocked_env)
+    verdicts = {line.split()[0]: line.split(":", 1)[1].strip() for line in done.stdout.strip().splitlines()[:-1]}
+    assert verdicts["served_tests"].startswith("passed") and verdicts["dropped_tests"] == "not attempted", done.stdout
+
+
 def test_a_blank_exercise_is_not_attempted(blocked_env):
+    """The handout: every function and the prediction (answered first, checked last) not attempted, the debug
+    task's given code failing its visible test, the explain task not written yet."""
     done = _check(ROOT / "exercises" / f"{NAME}.ipynb", blocked_env)
-    lines = done.stdout.strip().splitlines()
+    verdicts = {line.split()[0]: line.split(":", 1)[1].strip() for line in done.stdout.strip().splitlines()[:-1]}
     assert done.returncode == 1
-    assert [line.split(":", 1)[1].strip() for line in lines[:3]] == ["not attempted"] * 3, done.stdout
-    assert lines[-1].startswith(f"0 of 3 tasks passed ({NAME}.ipynb)")
+    assert verdicts == {"priority_tests": "not attempted", "served_tests": "not attempted",
+                        "evaluation_tests": "failed: AssertionError: classes per group: [1, 1, 1, 1] -- a group "
+                                            "of one class wants the same experts",
+                        "drops_explain": "explain: graded by the instructor, not written yet",
+                        "dropped_tests": "not attempted"}, done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith(f"0 of 4 tasks passed ({NAME}.ipynb)")
 
 
 @pytest.mark.parametrize("make, message", [
@@ -103,3 +123,35 @@ def test_a_notebook_past_its_time_limit_is_stopped(tmp_path, capsys):
     (tmp_path / "slow.ipynb").write_text(json.dumps(slow))
     assert selfcheck.check(tmp_path / "slow.ipynb", timeout=2) == 1
     assert "did not finish within 2 s" in capsys.readouterr().out
+
+
+def test_a_prediction_written_before_the_code_that_checks_it_is_its_own_task():
+    """The answer cell ``guess_answer`` stands before ``impl_answer`` and its test cell ``guess_tests`` after
+    ``impl_tests``: an unanswered prediction makes only ``guess_tests`` not attempted (not the next test cell)."""
+    def cell(grade_id, grade=False, solution=False):
+        return {"metadata": {"nbgrader": {"grade_id": grade_id, "grade": grade, "solution": solution, "points": 1}}}
+
+    cells = [cell("guess_answer", solution=True), cell("impl_answer", solution=True), cell("impl_tests", grade=True),
+             cell("guess_tests", grade=True)]
+    blank = {"ok": False, "error": ["NotImplementedError", ""], "stdout": ""}
+    fine = {"ok": True, "error": None, "stdout": "ok: impl\n"}
+    missing = {"ok": False, "error": ["NameError", "name 'GUESS' is not defined"], "stdout": ""}
+    rows = selfcheck.verdicts(cells, [blank, fine, fine, missing])
+    assert rows == [("impl_tests", 1, "passed (ok: impl)"), ("guess_tests", 1, "not attempted")]
+    rows = selfcheck.verdicts(cells, [fine, blank, blank, fine])
+    assert rows == [("impl_tests", 1, "not attempted"), ("guess_tests", 1, "passed (ok: impl)")]
+
+
+@pytest.mark.parametrize("written, says", [("YOUR ANSWER HERE", "explain: graded by the instructor, not written yet"),
+                                           ("Attention is permutation-equivariant.", "explain: graded by the instructor")])
+def test_an_explain_task_is_graded_by_the_instructor(tmp_path, capsys, written, says):
+    """A graded markdown cell (a written answer) is reported, and does not decide the exit status."""
+    graded = {"grade": True, "solution": True, "points": 2, "grade_id": "why_explain"}
+    notebook = {"cells": [{"cell_type": "code", "source": "print('ok: done')",
+                           "metadata": {"nbgrader": {"grade": True, "grade_id": "t_tests", "points": 1}}},
+                          {"cell_type": "markdown", "source": written, "metadata": {"nbgrader": graded}}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
+    assert selfcheck.check(tmp_path / "x.ipynb") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "t_tests     (1 pt): passed (ok: done)" and lines[1] == f"why_explain (2 pt): {says}", lines
+    assert lines[2].startswith("1 of 1 tasks passed (x.ipynb)") and "1 explain task graded by the instructor" in lines[2]

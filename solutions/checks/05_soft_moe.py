@@ -42,8 +42,31 @@ def _limit(x, phi):
     return np.argmax(np.asarray(soft_logits(x, phi, 1.0)), axis=1)
 
 
-# 3. the predicted factor by which the output changes when every token is doubled: no inputs (the question is
-# fixed); the reference measures it with the library's logits, weights, slots and combine on random tokens.
+# 4. soft_moe_layer, the port fixed: tokens of different norms (a normalised slot would lose them), one linear
+# expert per slot, scales 1 and 4; the reference is the library's logits, weights, slots and combine.
+def _layer_cases(rng):
+    cases = []
+    for groups, tokens, width, slots, width_out, scale in ((2, 7, 5, 3, 4, 1.0), (3, 4, 3, 6, 2, 4.0)):
+        norms = rng.uniform(0.2, 5, size=(groups, tokens, 1))
+        x = (rng.normal(size=(groups, tokens, width)) * norms).astype(np.float32)
+        phi = rng.normal(size=(width, slots)).astype(np.float32)
+        cases.append((x, phi, scale, rng.normal(size=(slots, width, width_out)).astype(np.float32)))
+    return cases
+
+
+def _layer(x, phi, scale, experts):
+    import jax.numpy as jnp
+
+    from moe_course.routing.soft import soft_combine, soft_routing, soft_slots
+
+    routing = soft_routing(jnp.asarray(x), jnp.asarray(phi), scale)
+    slots = soft_slots(jnp.asarray(x), routing.dispatch_weights)
+    return np.asarray(soft_combine(jnp.einsum("gsd,sdo->gso", slots, jnp.asarray(experts)), routing.combine_weights))
+
+
+# 3. the predicted factor by which the output changes when every token is doubled (checked after task 4): no
+# inputs (the question is fixed); the reference measures it with the library's logits, weights, slots and
+# combine on random tokens.
 def _factor():
     import jax.numpy as jnp
 
@@ -64,5 +87,6 @@ def _factor():
 CHECKS = {
     "effective_tests": Check(_effective_cases, _effective, rtol=1e-4, atol=1e-6),
     "limit_tests": Check(_limit_cases, _limit, exact=True),
+    "layer_tests": Check(_layer_cases, _layer, rtol=1e-4, atol=1e-5),
     "factor_tests": Check(lambda rng: [()], _factor, rtol=0.0, atol=1e-3, scalar=True),  # a prediction: no inputs
 }

@@ -65,8 +65,29 @@ def _gradient(x, w, update, grad_out, capacity):
     return np.asarray(jax.grad(loss)(jnp.asarray(w)))
 
 
-# 4. the predicted number of patch tokens a block of capacity 0.125 processes out of 196 (+ the class token,
-# kept): no inputs (the question is fixed); the reference counts them with the library's mod_select.
+# block_tests: mod_block, the port fixed, against the library's scores, selection and bounded gate (mod_gate),
+# with router weights of scale 1 and 50 (where an unbounded gate moves the tokens far).
+def _block_cases(rng):
+    cases = []
+    for (batch, tokens, width, capacity), scale in zip(((2, 8, 4, 0.5), (3, 10, 5, 0.25)), (1.0, 50.0)):
+        x, update = rng.normal(size=(2, batch, tokens, width)).astype(np.float32)
+        cases.append((x, (scale * rng.normal(size=width)).astype(np.float32), update, capacity))
+    return cases
+
+
+def _block(x, w, update, capacity):
+    import jax.numpy as jnp
+
+    from moe_course.routing.mod import mod_gate, mod_select, standard_router_scores
+
+    scores = standard_router_scores(jnp.asarray(x), jnp.asarray(w))
+    kept = mod_select(scores, capacity).processed
+    return np.asarray(x + jnp.where(kept, mod_gate(scores), 0.0)[..., None] * update)
+
+
+# 2. the predicted number of patch tokens a block of capacity 0.125 processes out of 196 (+ the class token,
+# kept), checked after task 3: no inputs (the question is fixed); the reference counts them with the library's
+# mod_select.
 def _patches():
     import jax.numpy as jnp
 
@@ -79,6 +100,7 @@ def _patches():
 CHECKS = {
     "capacity_tests": Check(_capacity_cases, _capacity, exact=True, scalar=True),
     "select_tests": Check(_select_cases, _select, exact=True),
+    "block_tests": Check(_block_cases, _block, rtol=1e-4, atol=1e-4),
     "gradient_tests": Check(_gradient_cases, _gradient, rtol=1e-4, atol=1e-5),
     "patches_tests": Check(lambda rng: [()], _patches, exact=True, scalar=True),  # a prediction: no inputs
 }

@@ -21,7 +21,10 @@ from moe_course.course.limits.config import EXERCISES, SOLUTIONS, checks_file, c
 ASSIGNMENT_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # Text that must never reach a learner: nbgrader's markers around answers and hidden tests.
-SECRET_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+SECRET_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "BEGIN HANDOUT",
+                  "END HANDOUT")
+HANDOUT = re.compile(r"^[ \t]*### BEGIN HANDOUT\n(.*?)^[ \t]*### END HANDOUT\n", re.M | re.S)
+MARKDOWN_SOLUTION = re.compile(r"^### BEGIN SOLUTION$.*^### END SOLUTION$", re.M | re.S)
 
 
 class ReleaseError(RuntimeError):
@@ -52,6 +55,22 @@ def source_notebook(solution: Path) -> nbformat.NotebookNode:
         cell.id = f"{grade_id or 'cell'}-{index:02d}".replace("_", "-")
     nbformat.validate(notebook)
     return notebook
+
+
+def hand_out_debug_code(notebook_path: Path) -> int:
+    """Put the given code of every debug task into the released notebook at ``notebook_path``: a solution code
+    cell that holds ``### BEGIN HANDOUT`` / ``### END HANDOUT`` (working code with one planted bug) before its
+    ``### BEGIN SOLUTION`` region (the fixed code) is released as the handout code alone, without nbgrader's
+    stub and the markers. Returns how many cells it changed."""
+    notebook = nbformat.read(notebook_path, as_version=4)
+    changed = 0
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and (given := HANDOUT.search(cell.source)):
+            cell.source = given.group(1).rstrip("\n")
+            changed += 1
+    if changed:
+        nbformat.write(notebook, notebook_path)
+    return changed
 
 
 def write_source(solution: Path, course_dir: Path) -> Path:
@@ -226,9 +245,12 @@ def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: in
 
 def install_checks(solution: Path, course_dir: Path) -> Path:
     """Copy ``checks/<name>.py`` beside ``solution`` into the course (``config.checks_file``) after checking
-    that it has a check for every grade cell of the solution and nothing else, and that its sandbox version
-    (without references) draws the same inputs (``check_inputs_only``); returns the copy.
-    Raises ReleaseError naming the file and the grade cells that differ."""
+    that it has a check for every graded code cell of the solution and nothing else, and that its sandbox version
+    (without references) draws the same inputs (``check_inputs_only``); returns the copy. A graded markdown cell
+    is an explain cell, graded by the instructor: it has no check, and must be a solution cell whose answer and
+    rubric sit between the solution markers (so nbgrader releases ``YOUR ANSWER HERE`` in their place).
+    Raises ReleaseError naming the file and the grade cells that differ, or a graded markdown cell that is not
+    an explain cell."""
     from moe_course.course.inside.answers import load_checks
 
     name = Path(solution).stem
@@ -236,8 +258,16 @@ def install_checks(solution: Path, course_dir: Path) -> Path:
     if not checks.is_file():
         raise ReleaseError(f"{checks} is missing: every graded cell is judged by a check there (see "
                            f"solutions/README.md)")
-    graded = {cell.metadata["nbgrader"]["grade_id"] for cell in source_notebook(solution).cells
-              if cell.metadata.get("nbgrader", {}).get("grade")}
+    cells = source_notebook(solution).cells
+    graded = {cell.metadata["nbgrader"]["grade_id"] for cell in cells
+              if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade")}
+    for cell in cells:  # an explain cell: graded by the instructor (no check), its answer and rubric never released
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and meta.get("grade") and not (meta.get("solution") and MARKDOWN_SOLUTION
+                                                                       .search(cell.source)):
+            raise ReleaseError(f"{solution}: the graded markdown cell {meta.get('grade_id')!r} must be an explain "
+                               f"cell: nbgrader metadata \"solution\": true and its model answer and rubric between "
+                               f"### BEGIN SOLUTION and ### END SOLUTION (released as YOUR ANSWER HERE)")
     defined = set(load_checks(checks))
     if graded != defined:
         raise ReleaseError(f"{checks} must define one check per grade cell of {solution}: missing "
@@ -277,6 +307,7 @@ def release(course_dir: Path, names=None, *, solutions_dir: Path = SOLUTIONS,
         if not result["success"]:
             raise ReleaseError(f"nbgrader could not generate {name}: {result['error']}\n{result['log']}")
         notebook = paths["release"] / name / f"{name}.ipynb"
+        hand_out_debug_code(notebook)
         if leaked := leaked_markers(notebook):
             raise ReleaseError(f"{notebook} still contains {leaked}; check the markers in solutions/{name}.py")
         if exercises_dir is not None:

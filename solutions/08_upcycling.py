@@ -107,10 +107,13 @@ def router_kernel(width, num_experts, rng):
 
 # %% nbgrader={"grade": true, "grade_id": "router_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false, "task": false}
 kernel = router_kernel(256, 64, np.random.default_rng(1))
-assert kernel.shape == (256, 64) and kernel.dtype == np.float32, f"(width, E) float32, got {kernel.shape} {kernel.dtype}"
+assert kernel.shape == (256, 64), f"expected (width, E) = (256, 64), got {kernel.shape}"
+assert kernel.dtype == np.float32, f"expected float32, got {kernel.dtype}"
 assert abs(kernel.std() * math.sqrt(256) - 1.0) < 0.03, f"standard deviation {kernel.std():.4f}, want 1/sqrt(256)"
-assert np.abs(kernel).max() <= 2 / 0.87962566103423978 / math.sqrt(256) + 1e-6, "entries beyond 2 truncated sd"
-assert np.array_equal(kernel, router_kernel(256, 64, np.random.default_rng(1))), "the same generator state, the same kernel"
+bound = 2 / 0.87962566103423978 / math.sqrt(256)
+assert np.abs(kernel).max() <= bound + 1e-6, "an entry lies beyond 2 standard deviations of z: truncate at [-2, 2]"
+same = router_kernel(256, 64, np.random.default_rng(1))
+assert np.array_equal(kernel, same), "the same generator state must give the same kernel"
 assert not np.array_equal(kernel, router_kernel(256, 64, np.random.default_rng(2))), "another seed, another kernel"
 print(f"ok: router_kernel draws a truncated LeCun normal (std x sqrt(width) = {kernel.std() * 16:.3f})")
 ### BEGIN HIDDEN TESTS
@@ -139,12 +142,14 @@ def upcycled_layer(x, experts, router, k):
 
 
 width, tokens = 16, 64
-dense = (rng.normal(size=(width, 32)) / 4, rng.normal(size=32), rng.normal(size=(32, width)) / 6, rng.normal(size=width))
+dense = (rng.normal(size=(width, 32)) / 4, rng.normal(size=32), rng.normal(size=(32, width)) / 6,
+         rng.normal(size=width))
 x = rng.normal(size=(tokens, width))
 moe = (expert_copies(*dense, 4), router_kernel(width, 4, rng))
 equal = [k for k in range(1, 5) if np.allclose(upcycled_layer(x, *moe, k), dense_mlp(x, *dense), rtol=1e-5, atol=1e-6)]
 assert equal, "the upcycled layer never equals the dense MLP: check expert_copies"
-assert PREDICTED_K == equal[0], f"you predicted {PREDICTED_K}, your upcycled layer first equals the dense MLP at k = {equal[0]}"
+assert PREDICTED_K == equal[0], (f"you predicted {PREDICTED_K}, your upcycled layer first equals the dense MLP at "
+                                 f"k = {equal[0]}")
 print(f"ok: predicted k = {PREDICTED_K}; your upcycled layer first equals the dense MLP at k = {equal[0]}")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader finds k with moe_course's upcycled SparseMoE
@@ -192,7 +197,8 @@ def mlp_from_torch(fc1_weight, fc1_bias, fc2_weight, fc2_bias):
 
 # %% nbgrader={"grade": true, "grade_id": "debug_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 for shape in ((12, 5), (8, 8)):
-    weights = (rng.normal(size=shape), rng.normal(size=shape[0]), rng.normal(size=shape[::-1]), rng.normal(size=shape[1]))
+    weights = (rng.normal(size=shape), rng.normal(size=shape[0]), rng.normal(size=shape[::-1]),
+               rng.normal(size=shape[1]))
     x = rng.normal(size=(7, shape[1]))
     gap = np.abs(dense_mlp(x, *mlp_from_torch(*weights)) - torch_mlp(x, *weights)).max()
     assert gap < 1e-9, f"hidden {shape[0]}, width {shape[1]}: the converted MLP differs from PyTorch's by {gap:.3f}"

@@ -33,7 +33,8 @@ def _dense_arrays(rng, width, hidden):
 
 
 def _copies_cases(rng):
-    return [(*_dense_arrays(rng, width, hidden), experts) for width, hidden, experts in ((6, 10, 4), (8, 8, 1), (5, 3, 7))]
+    shapes = ((6, 10, 4), (8, 8, 1), (5, 3, 7))  # (width, hidden, experts); one expert; hidden < width
+    return [(*_dense_arrays(rng, width, hidden), experts) for width, hidden, experts in shapes]
 
 
 def _copies(fc1_kernel, fc1_bias, fc2_kernel, fc2_bias, num_experts):

@@ -152,7 +152,7 @@ assert PREDICTED_K == equal[0], (f"you predicted {PREDICTED_K}, your upcycled la
                                  f"k = {equal[0]}")
 print(f"ok: predicted k = {PREDICTED_K}; your upcycled layer first equals the dense MLP at k = {equal[0]}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader finds k with moe_course's upcycled SparseMoE
+import moe_course.course.answers as _answers  # the grader finds k with moe_course.routing's gates
 _answers.record("k_tests", lambda: PREDICTED_K)
 ### END HIDDEN TESTS
 
@@ -161,11 +161,10 @@ _answers.record("k_tests", lambda: PREDICTED_K)
 #
 # Most dense checkpoints are PyTorch ones (timm, Hugging Face). A colleague wrote the converter below: it
 # takes one block's MLP as PyTorch stores it -- `fc1.weight` (hidden, width), `fc1.bias`, `fc2.weight` (width,
-# hidden), `fc2.bias`, where PyTorch's linear layer computes `x @ weight.T + bias` -- and returns the four arrays
-# in the course's layout (kernels (in, out)), ready for `expert_copies`. It runs and every shape is right, yet
-# the model upcycled from it does not compute what the PyTorch model did. The cell after it shows the symptom.
-# Find the one bug: copy the function into the answer cell below it and fix it there (the cell holding the
-# colleague's code is locked).
+# hidden), `fc2.bias` -- and returns the four arrays in the course's layout (kernels (in, out); chapter 0,
+# section 3 compares the two layouts), ready for `expert_copies`. It runs and every shape is right, yet the
+# model upcycled from it does not compute what the PyTorch model did; the cell prints the symptom. Find the one
+# bug: copy the function into the answer cell below and fix it there (the colleague's cell is locked).
 
 # %% nbgrader={"grade": false, "grade_id": "debug_given", "locked": true, "schema_version": 3, "solution": false, "task": false}
 def mlp_from_torch(fc1_weight, fc1_bias, fc2_weight, fc2_bias):

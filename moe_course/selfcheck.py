@@ -10,7 +10,11 @@ caught so that the next cells still run. Every graded test cell of the exercise 
 - ``not attempted`` when the handout's ``NotImplementedError`` is still there: raised by the test cell (a
   function still unwritten) or by an answer cell since the previous test cell (a prediction not written).
 
-Exit status 0 only when every task passed (1 otherwise; 2 for a file that is missing or not an exercise).
+An explain task (a graded markdown cell: a written answer) is reported as ``explain: graded by the instructor``
+(``, not written yet`` while the handout's ``YOUR ANSWER HERE`` is still there); it does not count towards the
+tasks that must pass.
+
+Exit status 0 only when every autograded task passed (1 otherwise; 2 for a file that is missing or not an exercise).
 Grading is unchanged: the hidden checks and the comparison with the library run only in
 ``moe-course course autograde`` (see exercises/README.md).
 """
@@ -46,6 +50,8 @@ for index, source in enumerate(cells):
 sys.__stdout__.write("\n@@MOE-COURSE-CHECK@@\n" + json.dumps(results) + "\n")
 """
 MARKER = "@@MOE-COURSE-CHECK@@"
+EXPLAIN = "explain: graded by the instructor"
+EXPLAIN_STUB = "YOUR ANSWER HERE"  # what nbgrader releases in place of a written answer
 
 
 class NotAnExercise(ValueError):
@@ -56,20 +62,25 @@ def _nbgrader(cell: dict) -> dict:
     return cell.get("metadata", {}).get("nbgrader", {}) or {}
 
 
+def _explain(cell: dict) -> bool:
+    return cell.get("cell_type") == "markdown" and bool(_nbgrader(cell).get("grade"))
+
+
 def load_exercise(path: str | Path) -> list[dict]:
-    """The code cells of the exercise notebook ``path`` (JSON, nbformat 4). Raises NotAnExercise naming the
-    path when it does not exist, is not a notebook, or holds no graded test cell."""
+    """The code cells and explain cells (graded markdown) of the exercise notebook ``path`` (JSON, nbformat 4),
+    in order. Raises NotAnExercise naming the path when it does not exist, is not a notebook, or holds no
+    graded test cell."""
     path = Path(path)
     if not path.is_file():
         raise NotAnExercise(f"notebook={str(path)!r} does not exist; give an exercise notebook, e.g. "
                             f"exercises/03_vmoe_bpr.ipynb or your copy in mywork/")
     try:
         notebook = json.loads(path.read_text(encoding="utf-8"))
-        cells = [c for c in notebook["cells"] if c.get("cell_type") == "code"]
+        cells = [c for c in notebook["cells"] if c.get("cell_type") == "code" or _explain(c)]
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
         raise NotAnExercise(f"notebook={str(path)!r} is not a Jupyter notebook ({type(error).__name__}); "
                             f"give an .ipynb from exercises/") from error
-    if not any(_nbgrader(c).get("grade") for c in cells):
+    if not any(_nbgrader(c).get("grade") and c.get("cell_type") == "code" for c in cells):
         raise NotAnExercise(f"notebook={str(path)!r} has no graded test cells: it is not an exercise "
                             f"notebook (exercises/NN_slug.ipynb)")
     for cell in cells:
@@ -79,10 +90,11 @@ def load_exercise(path: str | Path) -> list[dict]:
 
 
 def run_cells(cells: list[dict], folder: Path, timeout: float) -> list[dict] | str:
-    """Run the cells' sources in order in a fresh ``python`` (``sys.executable``) started in ``folder``;
-    one result dict per cell (see RUNNER), or a one-line reason when the run did not finish."""
+    """Run the code cells' sources in order in a fresh ``python`` (``sys.executable``) started in ``folder``;
+    one result dict per code cell (see RUNNER), or a one-line reason when the run did not finish."""
+    sources = [c["source"] for c in cells if c.get("cell_type") == "code"]
     try:
-        done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps([c["source"] for c in cells]),
+        done = subprocess.run([sys.executable, "-c", RUNNER], input=json.dumps(sources),
                               capture_output=True, text=True, cwd=folder, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"the notebook did not finish within {timeout:g} s (--timeout)"
@@ -94,10 +106,16 @@ def run_cells(cells: list[dict], folder: Path, timeout: float) -> list[dict] | s
 
 
 def verdicts(cells: list[dict], results: list[dict]) -> list[tuple[str, int | float, str]]:
-    """(task name, points, "passed..." / "failed: ..." / "not attempted") for every graded test cell."""
-    rows, unanswered = [], False
-    for cell, result in zip(cells, results):
+    """(task name, points, "passed..." / "failed: ..." / "not attempted" / "explain: ...") for every graded
+    cell; ``results`` holds one result per code cell."""
+    rows, unanswered, ran = [], False, iter(results)
+    for cell in cells:
         meta = _nbgrader(cell)
+        if _explain(cell):
+            unwritten = ", not written yet" if cell["source"].strip() in ("", EXPLAIN_STUB) else ""
+            rows.append((meta.get("grade_id", "?"), meta.get("points", 0), f"{EXPLAIN}{unwritten}"))
+            continue
+        result = next(ran)
         if meta.get("solution") and not meta.get("grade"):
             unanswered |= bool(result["error"]) and result["error"][0] == "NotImplementedError"
             continue
@@ -132,9 +150,12 @@ def check(path: str | Path, timeout: float = DEFAULT_TIMEOUT, stream=None) -> in
     for name, points, verdict in rows:
         print(f"{name:{width}s} ({points:g} pt): {verdict}", file=stream)
     passed = sum(verdict.startswith("passed") for _, _, verdict in rows)
-    print(f"{passed} of {len(rows)} tasks passed ({Path(path).name}); grading also compares your functions "
-          f"with the course library on fresh inputs", file=stream)
-    return 0 if passed == len(rows) else 1
+    checked = sum(not verdict.startswith(EXPLAIN) for _, _, verdict in rows)
+    written = len(rows) - checked
+    print(f"{passed} of {checked} tasks passed ({Path(path).name}); grading also compares your functions "
+          f"with the course library on fresh inputs" + (f"; {written} explain task{'s' * (written > 1)} graded by "
+                                                        "the instructor" if written else ""), file=stream)
+    return 0 if passed == checked else 1
 
 
 def add_parser(sub) -> None:

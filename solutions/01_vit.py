@@ -101,7 +101,33 @@ _answers.record("unpatchify_tests", unpatchify)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. Predict, then run (2 points)
+# ## 4. Explain: why the position embedding (2 points, graded by the instructor)
+#
+# Chapter 1 adds a learned position embedding to every token before the first block. Suppose a ViT had none:
+# you cut an image into patches, shuffle the patches into another order, and feed both sequences to the same
+# model, which pools its final tokens by their average (`pool="gap"`). What does the model output for the
+# shuffled image, compared with the original -- and why? Then say what the position embedding changes. Answer
+# in three to six sentences in the cell below (replace `YOUR ANSWER HERE`); name the operations of a block that
+# decide it.
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "positions_explain", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# The same output. Every operation of a block treats tokens alike: LayerNorm and the MLP act on each token
+# separately, and self-attention mixes them with weights that depend only on the tokens' contents
+# (`softmax(q_i . k_j)`), so permuting the input tokens permutes every block's output tokens the same way
+# (attention is permutation-equivariant); the average over tokens then forgets the order altogether. Without
+# position embeddings a ViT sees a bag of patches. Adding a different learned vector to each position makes
+# a token's value depend on where its patch was, so the shuffled image gives other tokens and another output.
+#
+# Rubric (2 points): 1 point for "the same output" with the reason that attention, LayerNorm and the MLP are
+# permutation-equivariant and average pooling is permutation-invariant (naming attention's weights depending on
+# content only is enough); 1 point for what the position embedding changes (a token's value depends on its
+# position, so order matters). 0 for "different output" without a mechanism; no point for "attention looks at
+# neighbours" (it looks at all tokens).
+# ### END SOLUTION
+
+# %% [markdown]
+# ## 5. Predict, then run (2 points)
 #
 # A batch of 8 images of 224 x 160 pixels (height x width) with 3 colour channels is cut into 16 x 16
 # patches. What shape does `patchify` return? Write your prediction as a tuple of three integers BEFORE you

@@ -51,6 +51,10 @@ def test_round_trip(course, name, tmp_path, capsys):
     assert float(grades[zero]["score"]) == 0.0, grades[zero]
     assert 0.0 < float(grades[partial]["score"]) < maximum, grades[partial]
     assert all(g["flags"] == "" for g in grades.values()), grades
+    explain = _explain_points(source)  # written answers: graded by the instructor, not in score / max_score
+    assert {g["instructor_max"] and float(g["instructor_max"]) for g in grades.values()} == {
+        sum(explain.values()) if explain else ""}, grades
+    assert {g["instructor_score"] for g in grades.values()} == {""}, grades
 
     assert main(["course", "feedback", name, "--course-dir", str(course)]) == 0
     for student in (full, zero, partial):
@@ -59,9 +63,52 @@ def test_round_trip(course, name, tmp_path, capsys):
         # every check that failed says so, with its reason, in the cell it grades (the grader's verdict)
         failed = json.loads((course / "gradebooks" / name / f"{student}.json").read_text())["failed_checks"]
         assert all(f"CheckFailed: {grade_id}" in html for grade_id in failed), (student, failed)
+        assert html.count("Graded by the instructor") == len(explain), student
     assert not json.loads((course / "gradebooks" / name / f"{full}.json").read_text())["failed_checks"]
     with capsys.disabled():
         print(f"\n{name}: 3 submissions autograded in {seconds:.1f} s (wall, 2 jobs)")
+
+
+def _explain_points(source: Path) -> dict:
+    """{grade_id: points} of the explain cells (graded markdown cells) of an nbgrader source notebook."""
+    cells = json.loads(Path(source).read_text())["cells"]
+    return {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"] for c in cells
+            if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")}
+
+
+def test_the_instructor_scores_written_answers_in_the_explain_sheet(course, tmp_path, capsys):
+    """`course explain` lists every written answer with a blank score; scores filled in reach grades.csv's
+    instructor_score once a student's every explain cell has one; a score past the cell's points is refused."""
+    name = "01_vit"
+    released = course / "release" / name / f"{name}.ipynb"
+    source = course / "source" / name / f"{name}.ipynb"
+    (grade_id, points), = _explain_points(source).items()
+    export = tmp_path / "export"
+    for student, notebook in {"explain_full": answered(released, source),
+                              "explain_blank": json.loads(released.read_text())}.items():
+        (export / student).mkdir(parents=True)
+        (export / student / f"{name}.ipynb").write_text(json.dumps(notebook))
+    assert main(["course", "collect", str(export), "--assignment", name, "--course-dir", str(course)]) == 0
+    assert main(["course", "explain", name, "--course-dir", str(course)]) == 0
+    sheet = course / "explain" / f"{name}.csv"
+    with open(sheet) as handle:
+        rows = {row["student"]: row for row in csv.DictReader(handle)}
+    assert rows["explain_full"]["grade_id"] == grade_id and float(rows["explain_full"]["points"]) == points
+    assert "permutation" in rows["explain_full"]["answer"] and rows["explain_blank"]["answer"] == "(no answer)"
+    assert {row["score"] for row in rows.values()} == {""}
+    rows["explain_full"]["score"] = "1.5"
+    with open(sheet, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows["explain_full"]))
+        writer.writeheader()
+        writer.writerows(rows.values())
+    assert main(["course", "explain", name, "--course-dir", str(course)]) == 0  # keeps the scores given
+    grades = _grades(course, name)
+    assert grades["explain_full"]["instructor_score"] == "1.5" and grades["explain_blank"]["instructor_score"] == ""
+    assert float(grades["explain_full"]["instructor_max"]) == points
+    sheet.write_text(sheet.read_text().replace(",1.5", f",{points + 1}"))
+    capsys.readouterr()
+    assert main(["course", "export", "--course-dir", str(course)]) == 2
+    assert f"score='{points + 1}' is not allowed" in capsys.readouterr().err
 
 
 def test_validate_tells_a_learner_what_fails(course, tmp_path, capsys):

@@ -53,6 +53,42 @@ def test_exercise_holds_no_answer_or_hidden_test(name):
     assert "raise NotImplementedError()" in released
 
 
+def _explain_cells(notebook) -> dict:
+    """{grade_id: source} of the explain cells (graded markdown cells) of a notebook node or JSON dict."""
+    return {c["metadata"]["nbgrader"]["grade_id"]: "".join(c["source"]) for c in notebook["cells"]
+            if c["cell_type"] == "markdown" and c["metadata"].get("nbgrader", {}).get("grade")}
+
+
+@pytest.mark.parametrize("name", assignment_names())
+def test_an_explain_answer_and_its_rubric_are_never_released(name):
+    """The model answer and the rubric of every explain cell (between its solution markers) are replaced by
+    nbgrader's YOUR ANSWER HERE; no line of them is anywhere in the released notebook."""
+    import json
+
+    source = _explain_cells(build.source_notebook(ROOT / "solutions" / f"{name}.py"))
+    released_text = (ROOT / "exercises" / f"{name}.ipynb").read_text()
+    released = _explain_cells(json.loads(released_text))
+    assert sorted(released) == sorted(source)
+    for grade_id, text in source.items():
+        assert released[grade_id] == "YOUR ANSWER HERE", (name, grade_id)
+        answer = REGION.search(text + "\n").group(2)
+        assert "Rubric" in answer, f"{name}: {grade_id} has no rubric for the instructor"
+        leaked = [line for line in answer.splitlines() if len(line.strip()) > 8 and line.strip() in released_text]
+        assert not leaked, (name, grade_id, leaked[:3])
+
+
+def test_a_graded_markdown_cell_without_its_solution_markers_is_refused(tmp_path):
+    """A graded markdown cell is an explain cell: without the markers nbgrader would release the rubric."""
+    solutions = tmp_path / "solutions"
+    (solutions / "checks").mkdir(parents=True)
+    text = (ROOT / "solutions" / "01_vit.py").read_text()
+    assert "# ### BEGIN SOLUTION\n# The same output" in text
+    (solutions / "01_vit.py").write_text(text.replace("# ### BEGIN SOLUTION\n# The same output", "# The same output"))
+    (solutions / "checks" / "01_vit.py").write_text((ROOT / "solutions" / "checks" / "01_vit.py").read_text())
+    with pytest.raises(build.ReleaseError, match="'positions_explain' must be an explain cell"):
+        build.install_checks(solutions / "01_vit.py", tmp_path / "course")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["release", "99_nope"], "assignment='99_nope' is not allowed"),
     (["collect", "/nonexistent", "--assignment", "01_vit"], "export_dir='/nonexistent' is not a folder"),

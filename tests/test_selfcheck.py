@@ -103,3 +103,18 @@ def test_a_notebook_past_its_time_limit_is_stopped(tmp_path, capsys):
     (tmp_path / "slow.ipynb").write_text(json.dumps(slow))
     assert selfcheck.check(tmp_path / "slow.ipynb", timeout=2) == 1
     assert "did not finish within 2 s" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("written, says", [("YOUR ANSWER HERE", "explain: graded by the instructor, not written yet"),
+                                           ("Attention is permutation-equivariant.", "explain: graded by the instructor")])
+def test_an_explain_task_is_graded_by_the_instructor(tmp_path, capsys, written, says):
+    """A graded markdown cell (a written answer) is reported, and does not decide the exit status."""
+    graded = {"grade": True, "solution": True, "points": 2, "grade_id": "why_explain"}
+    notebook = {"cells": [{"cell_type": "code", "source": "print('ok: done')",
+                           "metadata": {"nbgrader": {"grade": True, "grade_id": "t_tests", "points": 1}}},
+                          {"cell_type": "markdown", "source": written, "metadata": {"nbgrader": graded}}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(notebook))
+    assert selfcheck.check(tmp_path / "x.ipynb") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "t_tests     (1 pt): passed (ok: done)" and lines[1] == f"why_explain (2 pt): {says}", lines
+    assert lines[2].startswith("1 of 1 tasks passed (x.ipynb)") and "1 explain task graded by the instructor" in lines[2]

@@ -22,6 +22,7 @@ ASSIGNMENT_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # Text that must never reach a learner: nbgrader's markers around answers and hidden tests.
 SECRET_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+MARKDOWN_SOLUTION = re.compile(r"^### BEGIN SOLUTION$.*^### END SOLUTION$", re.M | re.S)
 
 
 class ReleaseError(RuntimeError):
@@ -226,9 +227,12 @@ def check_no_cross_answers(solutions_dir: Path = SOLUTIONS, names=None, seed: in
 
 def install_checks(solution: Path, course_dir: Path) -> Path:
     """Copy ``checks/<name>.py`` beside ``solution`` into the course (``config.checks_file``) after checking
-    that it has a check for every grade cell of the solution and nothing else, and that its sandbox version
-    (without references) draws the same inputs (``check_inputs_only``); returns the copy.
-    Raises ReleaseError naming the file and the grade cells that differ."""
+    that it has a check for every graded code cell of the solution and nothing else, and that its sandbox version
+    (without references) draws the same inputs (``check_inputs_only``); returns the copy. A graded markdown cell
+    is an explain cell, graded by the instructor: it has no check, and must be a solution cell whose answer and
+    rubric sit between the solution markers (so nbgrader releases ``YOUR ANSWER HERE`` in their place).
+    Raises ReleaseError naming the file and the grade cells that differ, or a graded markdown cell that is not
+    an explain cell."""
     from moe_course.course.answers import load_checks
 
     name = Path(solution).stem
@@ -236,8 +240,16 @@ def install_checks(solution: Path, course_dir: Path) -> Path:
     if not checks.is_file():
         raise ReleaseError(f"{checks} is missing: every graded cell is judged by a check there (see "
                            f"solutions/README.md)")
-    graded = {cell.metadata["nbgrader"]["grade_id"] for cell in source_notebook(solution).cells
-              if cell.metadata.get("nbgrader", {}).get("grade")}
+    cells = source_notebook(solution).cells
+    graded = {cell.metadata["nbgrader"]["grade_id"] for cell in cells
+              if cell.cell_type == "code" and cell.metadata.get("nbgrader", {}).get("grade")}
+    for cell in cells:  # an explain cell: graded by the instructor (no check), its answer and rubric never released
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and meta.get("grade") and not (meta.get("solution") and MARKDOWN_SOLUTION
+                                                                       .search(cell.source)):
+            raise ReleaseError(f"{solution}: the graded markdown cell {meta.get('grade_id')!r} must be an explain "
+                               f"cell: nbgrader metadata \"solution\": true and its model answer and rubric between "
+                               f"### BEGIN SOLUTION and ### END SOLUTION (released as YOUR ANSWER HERE)")
     defined = set(load_checks(checks))
     if graded != defined:
         raise ReleaseError(f"{checks} must define one check per grade cell of {solution}: missing "

@@ -4,6 +4,7 @@
     moe-course course collect EXPORT_DIR --assignment A   copy an LMS export into the course
     moe-course course autograde A [--jobs N]              grade every collected submission of A (in bubblewrap)
     moe-course course feedback A                          HTML feedback per student (no hidden tests)
+    moe-course course explain A                           the written answers of A, for the instructor to score
     moe-course course export [--to grades.csv]            one CSV row per submission
     moe-course course validate NOTEBOOK                   a learner checks a notebook before hand-in
 """
@@ -59,6 +60,10 @@ def add_parser(sub) -> None:
     feedback = with_course_dir(commands.add_parser("feedback", help="HTML feedback per graded student"))
     feedback.add_argument("assignment")
 
+    explain = with_course_dir(commands.add_parser(
+        "explain", help="write COURSE_DIR/explain/A.csv: every written (explain) answer, a score column to fill in"))
+    explain.add_argument("assignment")
+
     export = with_course_dir(commands.add_parser("export", help="write grades.csv"))
     export.add_argument("--to", default=None, help="CSV path (default: COURSE_DIR/grades.csv)")
 
@@ -101,8 +106,9 @@ def run(args) -> dict:
                                   solutions_dir=Path(args.solutions), sandbox=not args.no_sandbox,
                                   sandbox_uid=args.sandbox_uid)
         seconds = time.perf_counter() - start
-        lines = {r["student"]: f"{r['score']} / {r['max_score']} ({r['status']}{': ' + r['error'] if r['error'] else ''})"
-                 for r in records}
+        lines = {r["student"]: f"{r['score']} / {r['max_score']}" + (
+                     f" + {sum(r['instructor'].values()):g} graded by the instructor" if r.get("instructor") else "")
+                 + f" ({r['status']}{': ' + r['error'] if r['error'] else ''})" for r in records}
         held = next((r["limits"] for r in records if r.get("limits")), {})
         return {**lines, "submissions": len(records), "limits beyond prlimit": "; ".join(
                     f"{name}: {how}" for name, how in held.items()) or "none (not root, or no sandbox)",
@@ -111,6 +117,10 @@ def run(args) -> dict:
     if command == "feedback":
         written = grade.feedback(course_dir, args.assignment)
         return {"feedback files": len(written), "folder": str(course_dir / "feedback")}
+    if command == "explain":
+        sheet = grade.explain_sheet(course_dir, args.assignment)
+        return {"explain sheet": str(sheet), "next": "fill in its score column (rubric: solutions/"
+                f"{args.assignment}.py), then run moe-course course export"}
     if command == "export":
         return {"grades": str(grade.export(course_dir, args.to))}
     results = grade.validate(Path(args.notebook))

@@ -212,6 +212,22 @@ def hide_hidden_tracebacks(notebook, resources):
     return notebook, resources
 
 
+INSTRUCTOR_NOTE = "Graded by the instructor ({points:g} points): not part of the autograded score at the top."
+
+
+def mark_instructor_cells(notebook, resources):
+    """nbgrader preprocessor for feedback, after GetGrades: every explain cell (a graded markdown cell) gets the
+    comment INSTRUCTOR_NOTE, and the page's total is the autograded score out of the autogradable points (the
+    explain cells' points taken out of GetGrades' ``max_score``)."""
+    for cell in notebook.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and meta.get("grade"):
+            meta["comment"] = INSTRUCTOR_NOTE.format(points=float(meta.get("points") or 0))
+            if "max_score" in resources.get("nbgrader", {}):
+                resources["nbgrader"]["max_score"] -= float(meta.get("points") or 0)
+    return notebook, resources
+
+
 def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
     """Write one student's page with nbgrader's API (in this process); returns "" or why it failed."""
     from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
@@ -223,8 +239,8 @@ def _generate_one(course_dir: Path, assignment: str, student: str) -> str:
 
     db, _ = record_paths(course_dir, assignment, student)
     config = nbgrader_config(course_dir, db=db)
-    config.GenerateFeedback.preprocessors = [GetGrades, hide_hidden_tracebacks, ClearHiddenTests, cap_markup,
-                                             CSSHTMLHeaderPreprocessor]
+    config.GenerateFeedback.preprocessors = [GetGrades, mark_instructor_cells, hide_hidden_tracebacks,
+                                             ClearHiddenTests, cap_markup, CSSHTMLHeaderPreprocessor]
     config.GenerateFeedback.exporter_class = feedback_exporter()
     outcome = NbGraderAPI(config=config).generate_feedback(assignment, student)
     if outcome["success"]:

@@ -30,12 +30,16 @@ from moe_course.course import budget
 from moe_course.course import feedback as feedback_pages
 from moe_course.course import sandbox as bubblewrap
 from moe_course.course.config import SOLUTIONS, Limits, course_paths, grading_env, nbgrader_config
+from moe_course.course.bounded import MAX_NOTEBOOK_BYTES, read_notebook
 from moe_course.course.flags import scan_notebook
 from moe_course.course.kernel import write_kernelspec
 from moe_course.course.worker import record_paths
 
 SANDBOX_UID = 60000  # the first host uid of a root grader's kernels (as isolate, the IOI sandbox, uses)
-GRADES_FIELDS = ("assignment", "student", "score", "max_score", "status", "seconds", "error", "flags", "sandbox")
+GRADES_FIELDS = ("assignment", "student", "score", "max_score", "instructor_score", "instructor_max", "status",
+                 "seconds", "error", "flags", "sandbox")
+EXPLAIN_FIELDS = ("student", "grade_id", "points", "answer", "score")  # an explain sheet's columns
+EXPLAIN_CHARS = 4000  # characters of a written answer kept in the explain sheet (the course asks for sentences)
 NO_SANDBOX = "none (--no-sandbox)"  # the sandbox column of a submission graded without bubblewrap
 
 
@@ -210,10 +214,10 @@ FORMULA_START = ("=", "+", "-", "@")  # what a spreadsheet reads as a formula (O
 CELL_CHARS = 300  # characters of text kept per cell: messages, not logs
 
 
-def csv_cell(value):
+def csv_cell(value, chars: int = CELL_CHARS):
     """``value`` as an inert ``grades.csv`` cell: numbers and None as they are; text normalised first -- every run
     of Unicode control and format characters (categories Cc and Cf: newlines, NUL, escape codes, right-to-left
-    overrides, zero-width spaces) becomes one space and leading whitespace goes -- then cut to CELL_CHARS
+    overrides, zero-width spaces) becomes one space and leading whitespace goes -- then cut to ``chars``
     characters and prefixed with ``'`` when it starts with ``= + - @``, so that a spreadsheet shows it as text
     instead of running it as a formula (OWASP's advice against CSV injection). Normalising first means no
     invisible character can hide a formula behind it: a student's grade_id or error text cannot become one."""
@@ -221,8 +225,8 @@ def csv_cell(value):
         return value
     marked = "".join("\x00" if unicodedata.category(char) in ("Cc", "Cf") else char for char in value)
     text = re.sub("\x00+", " ", marked).lstrip()
-    if len(text) > CELL_CHARS:
-        text = text[:CELL_CHARS - 3] + "..."
+    if len(text) > chars:
+        text = text[:chars - 3] + "..."
     return "'" + text if text.startswith(FORMULA_START) else text
 
 
@@ -231,16 +235,116 @@ def flags_text(flags) -> str:
     return flags if isinstance(flags, str) else "; ".join(flags)
 
 
+def explain_points(course_dir: Path) -> dict[str, dict[str, float]]:
+    """{assignment: {grade_id: points}} of the explain cells (graded markdown cells, graded by the instructor)
+    in the course's master gradebook."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course_paths(course_dir)['db']}", "moe-course") as gradebook:
+        return {a.name: {cell.name: cell.max_score for notebook in a.notebooks for cell in notebook.grade_cells
+                         if cell.cell_type == "markdown"} for a in gradebook.assignments}
+
+
+def explain_sheet_path(course_dir: Path, assignment: str) -> Path:
+    """Where ``explain_sheet`` writes: ``COURSE_DIR/explain/<assignment>.csv``."""
+    return course_paths(course_dir)["root"] / "explain" / f"{assignment}.csv"
+
+
+def _sheet_scores(course_dir: Path, assignment: str, points: dict[str, float]) -> dict[tuple[str, str], float]:
+    """{(student, grade_id): the instructor's score} from the assignment's explain sheet (none if it does not
+    exist; blank scores are pending). Raises ValueError naming the sheet, the row and the value for a score that
+    is not a number from 0 to the cell's points, or a grade_id that is no explain cell of the assignment."""
+    sheet = explain_sheet_path(course_dir, assignment)
+    scores = {}
+    if not sheet.is_file():
+        return scores
+    with open(sheet, newline="") as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            given = (row.get("score") or "").strip()
+            if not given:
+                continue
+            if row.get("grade_id") not in points:
+                raise ValueError(f"{sheet}, row {line}: grade_id={row.get('grade_id')!r} is not allowed; use one of "
+                                 f"{sorted(points)} (the explain cells of {assignment})")
+            try:
+                score = float(given)
+            except ValueError:
+                score = -1.0
+            if not 0 <= score <= points[row["grade_id"]]:
+                raise ValueError(f"{sheet}, row {line}: score={given!r} is not allowed; use a number from 0 to "
+                                 f"{points[row['grade_id']]:g} (the points of {row['grade_id']}), or leave it blank")
+            scores[row["student"], row["grade_id"]] = score
+    return scores
+
+
+def _written_answers(notebook: Path, grade_ids, limit: int) -> dict[str, str]:
+    """{grade_id: the text of that explain cell} in a submitted notebook (read within ``limit`` bytes; none
+    when it cannot be read), without cells still holding the handout's YOUR ANSWER HERE."""
+    try:
+        cells = json.loads(read_notebook(notebook, limit))["cells"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return {}
+    written = {}
+    for cell in cells if isinstance(cells, list) else []:
+        meta = cell.get("metadata", {}).get("nbgrader", {}) if isinstance(cell, dict) else None
+        if not isinstance(meta, dict) or meta.get("grade_id") not in grade_ids:
+            continue
+        source = cell.get("source", "")
+        text = ("".join(map(str, source)) if isinstance(source, list) else str(source)).strip()
+        if text and text != "YOUR ANSWER HERE":
+            written.setdefault(meta["grade_id"], text)
+    return written
+
+
+def explain_sheet(course_dir: Path, assignment: str, notebook_bytes: int = MAX_NOTEBOOK_BYTES) -> Path:
+    """Write the explain sheet of ``assignment`` (``explain_sheet_path``), the instructor's way to grade the
+    written answers: one row per collected submission and explain cell, EXPLAIN_FIELDS -- the student, the
+    cell's grade_id and points, the written answer (made inert as every text cell of ``grades.csv``, cut to
+    EXPLAIN_CHARS; "(no answer)" when the cell is missing or still holds the handout's YOUR ANSWER HERE) and
+    the score, blank for the instructor to fill in (the rubric is in ``solutions/<assignment>.py``, inside that
+    cell's solution markers). Scores already in the sheet are kept. ``export`` adds them up per student.
+    Raises ValueError for an assignment that has no explain cell in the course's gradebook, or a sheet whose
+    scores are not allowed (``_sheet_scores``)."""
+    points = explain_points(course_dir).get(assignment, {})
+    if not points:
+        raise ValueError(f"assignment={assignment!r} has no explain cell in {course_paths(course_dir)['root']}; "
+                         f"use a released assignment with graded markdown cells")
+    kept = _sheet_scores(course_dir, assignment, points)
+    rows = []
+    for student in submitted_students(course_dir, assignment):
+        written = {}
+        for notebook in sorted((course_paths(course_dir)["submitted"] / student / assignment).glob("*.ipynb")):
+            written = {**_written_answers(notebook, points, notebook_bytes), **written}
+        for grade_id, most in points.items():
+            score = kept.get((student, grade_id))
+            rows.append({"student": student, "grade_id": grade_id, "points": most,
+                         "answer": csv_cell(written.get(grade_id, "(no answer)"), EXPLAIN_CHARS),
+                         "score": "" if score is None else score})
+    sheet = explain_sheet_path(course_dir, assignment)
+    sheet.parent.mkdir(parents=True, exist_ok=True)
+    with open(sheet, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=EXPLAIN_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return sheet
+
+
 def export(course_dir: Path, target: Path | None = None) -> Path:
     """Write ``grades.csv`` (default: in the course directory): one row per collected submission, GRADES_FIELDS
     -- graded, failed, or "not graded" (collected, never autograded: score 0); max_score from the master
-    gradebook where grading failed or never ran. Returns its path."""
+    gradebook where grading failed or never ran. score and max_score are the autograded points out of the
+    autogradable ones; instructor_max is the points of the explain cells (graded by the instructor), and
+    instructor_score their sum from the assignment's explain sheet (``explain_sheet``) once every one of the
+    student's explain cells has a score there, blank while any is pending. Returns its path. Raises ValueError
+    for an explain sheet whose scores are not allowed."""
     from nbgrader.api import Gradebook
 
     paths = course_paths(course_dir)
     target = Path(target or paths["root"] / "grades.csv")
+    explain = explain_points(course_dir)
     with Gradebook(f"sqlite:///{paths['db']}", "moe-course") as gradebook:
-        max_scores = {a.name: a.max_score for a in gradebook.assignments}
+        max_scores = {a.name: a.max_score - sum(explain.get(a.name, {}).values()) for a in gradebook.assignments}
+    sheets = {name: _sheet_scores(course_dir, name, points) for name, points in explain.items() if points}
     records = {}
     for folder in sorted(paths["submitted"].glob("*/*")):
         if folder.is_dir() and folder.name in max_scores:
@@ -256,6 +360,10 @@ def export(course_dir: Path, target: Path | None = None) -> Path:
         record["max_score"] = record["max_score"] if record["max_score"] is not None else max_scores.get(
             record["assignment"])
         record["flags"] = flags_text(record.get("flags", []))
+        points = explain.get(record["assignment"], {})
+        given = [sheets[record["assignment"]].get((record["student"], grade_id)) for grade_id in points]
+        record["instructor_max"] = sum(points.values()) if points else ""
+        record["instructor_score"] = sum(given) if points and None not in given else ""
         rows.append({field: csv_cell(record.get(field, "")) for field in GRADES_FIELDS})
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w", newline="") as handle:

@@ -52,13 +52,18 @@ def record_paths(course_dir: Path, assignment: str, student: str) -> tuple[Path,
 
 
 def submission_scores(db: Path, assignment: str, student: str) -> dict:
-    """score, max_score and {grade cell: score} of a graded submission in gradebook ``db``."""
+    """score, max_score, {grade cell: score} and {explain cell: its points} of a graded submission in gradebook
+    ``db``. An explain cell (a manually graded markdown cell) is graded by the instructor, not here: its points
+    are left out of ``max_score`` (the autogradable points) and listed under ``instructor``."""
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{db}", "moe-course") as gradebook:
         submission = gradebook.find_submission(assignment, student)
-        cells = {grade.name: grade.score for notebook in submission.notebooks for grade in notebook.grades}
-        return {"score": submission.score, "max_score": submission.max_score, "cells": cells}
+        grades = [grade for notebook in submission.notebooks for grade in notebook.grades]
+        cells = {grade.name: grade.score for grade in grades if grade.cell.cell_type == "code"}
+        instructor = {grade.name: grade.max_score for grade in grades if grade.cell.cell_type != "code"}
+        return {"score": submission.score, "max_score": submission.max_score - sum(instructor.values()),
+                "cells": cells, "instructor": instructor}
 
 
 def grade_submission(course_dir: Path, assignment: str, student: str, limits: Limits) -> dict:

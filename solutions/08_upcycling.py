@@ -8,7 +8,7 @@
 # copies in the layout google-research/vmoe gives them, and the router's initial kernel; you predict, before
 # you build the layer, when the upcycled layer computes exactly what the dense MLP did; you fix a converter of
 # PyTorch weights that has one bug; and you explain, in words, what goes wrong with a router that starts at
-# zero. Points: 10. The graded tests compare
+# zero. Points: 13 (10 autograded, 3 for the written answer, graded by the instructor). The graded tests compare
 # your functions with `moe_course` (`moe_course.models.upcycling`, the router of `moe_course.layers.SparseMoE`).
 #
 # Check your work with `moe-course check 08_upcycling.ipynb` (the visible tests, with the base install).
@@ -206,3 +206,38 @@ print("ok: mlp_from_torch's MLP computes what PyTorch's does")
 import moe_course.course.answers as _answers  # the grader compares with moe_course.torch.convert.to_nnx_layout
 _answers.record("debug_tests", mlp_from_torch)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 6. Explain: a router that starts at zero (3 points, graded by the instructor)
+#
+# Another colleague proposes to initialise the router kernel at ZERO instead of section 3's random kernel,
+# "so that the upcycled model starts as close to the dense one as possible". The layer uses V-MoE's defaults:
+# E = 8 experts, k = 1 (TOP-1 after the softmax), capacity ratio C = 1.05, vanilla routing, ties broken
+# towards the lower expert index. Without router noise (as at evaluation), what does the upcycled layer do with
+# a group's N tokens -- which experts receive them, how many are dropped, what the layer outputs for a served
+# and for a dropped token, compared with the dense MLP? Why does a small random kernel serve upcycling better,
+# at step 0 and as training goes on? Answer in four to eight sentences, no code, in the cell below (replace
+# `YOUR ANSWER HERE`).
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "router_zero_explain", "locked": false, "points": 3, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# A zero kernel gives every token the same logits, so the softmax gives each expert 1/8 and TOP-1 picks expert
+# 0 for every token (the tie goes to the lowest index). Expert 0's buffer holds round(N * 1.05 / 8) tokens,
+# about 13% of the group; the first of them in the group's order are served and the other ~87% are dropped. A
+# served token gets gate 1/8 times the copied MLP, i.e. the dense MLP's output scaled by 1/8; a dropped token
+# gets 0 from the layer and only the residual carries it on. So the model starts far from the dense one, the
+# opposite of the intent. (In training, V-MoE's router noise of std 1/E spreads the tokens over the experts at
+# random, but every gate stays near 1/8, so the MLP's contribution is still cut to about an eighth.) Experts
+# that receive no token get no gradient, and the copies stay identical as long as the router treats all tokens
+# alike; only the router's gradient from the few served tokens can break the tie. A small random kernel gives
+# tokens different logits: they spread over all experts (about N/8 each, so few are dropped at C = 1.05), each
+# keeps its largest probability as its gate (above 1/8), and each expert sees its own subset of tokens, so the
+# copies receive different gradients and diverge -- the specialisation upcycling relies on.
+#
+# Rubric (3 points): 1 point for "every token goes to expert 0 (equal logits, ties to the lowest index) and all
+# but about 1.05 N / E tokens are dropped"; 1 point for the outputs: a served token gets the dense MLP scaled by
+# 1/E, a dropped one gets 0 (the residual carries it); 1 point for why random is better: tokens spread over the
+# experts, the experts receive different tokens and gradients, so the identical copies can diverge (symmetry
+# breaking). Half a point where the idea is there but the number or the reason is wrong; no point for "a zero
+# router makes the model equal the dense one".
+# ### END SOLUTION

@@ -9,7 +9,8 @@ A random kernel cannot equal the library's draw, so ``router_tests`` compares la
 of 131,072 entries from a NumPy generator of the grading seed, the library's router
 (``moe_course.layers.SparseMoE``, Flax's LeCun normal) draws one of the same shape from a JAX key of that seed,
 and both are summed up by ``_law``, in units of ``sqrt(1 / width)``: the shape, seven quantiles, the largest
-magnitude and the standard deviation. Two independent draws of one law differ there by at most 0.021 (the
+magnitude and the standard deviation (and whether the kernel comes from the generator given: the same seed
+gives it again, another seed another). Two independent draws of one law differ there by at most 0.021 (the
 largest difference of the library's draw and the solution's over 30 grading seeds, both cases), a plain
 (untruncated) normal by about 2 in the largest magnitude, a kernel of the wrong fan-in by a factor in every
 number: ``atol=0.06``.
@@ -51,7 +52,13 @@ def _law(kernel, width):
 
 
 def _router_call(function, width, num_experts, seed):
-    return _law(function(width, num_experts, np.random.default_rng(seed)), width)
+    """``_law`` of the answer's kernel for ``seed``, and 1 when the kernel is drawn from the generator given
+    (the same seed gives it again, the next seed another), else 0."""
+    kernel = np.asarray(function(width, num_experts, np.random.default_rng(seed)))
+    again = np.asarray(function(width, num_experts, np.random.default_rng(seed)))
+    other = np.asarray(function(width, num_experts, np.random.default_rng(seed + 1)))
+    drawn = np.array_equal(kernel, again) and not np.array_equal(kernel, other)
+    return (*_law(kernel, width), float(drawn))
 
 
 def _router(width, num_experts, seed):
@@ -60,7 +67,7 @@ def _router(width, num_experts, seed):
     from moe_course.layers import SparseMoE
 
     layer = SparseMoE(width, 1, num_experts, rngs=nnx.Rngs(seed))  # the router is what counts
-    return _law(layer.router.kernel[...], width)
+    return (*_law(layer.router.kernel[...], width), 1.0)  # a JAX key's draw: the same key, the same kernel
 
 
 def _k():

@@ -132,17 +132,17 @@ show_images(sample["image"][:4], sample["label"][:4], patch_size=4, cols=4);
 
 # %% [markdown]
 # The library does the linear map with a convolution whose kernel and stride both equal the patch size --
-# the usual implementation, because it never materialises the flattened patches. Written out by hand it is
-# `tokens = patchify(x) @ W + b` with `W` of shape `(p*p*C, D)`. Same numbers:
+# the usual implementation, because it never materialises the flattened patches. It is the same linear map as
+# `tokens = patchify(x) @ W + b` with `W` of shape `(p*p*C, D)`: exercise 1 asks you to write that product and
+# compare it with the library's `PatchEmbed`. One token per patch:
 
 # %%
 config = get_preset("vit", "digits-tiny")
 model = ViT(config, rngs=nnx.Rngs(SEED))
 images = jnp.asarray(sample["image"][:4])
-kernel = model.patch_embed.proj.kernel[...]  # (p, p, C, D)
-by_hand = patchify(images, config.patch_size) @ kernel.reshape(-1, config.width) + model.patch_embed.proj.bias[...]
-print("patches:", patchify(images, config.patch_size).shape, "-> tokens:", by_hand.shape)
-assert jnp.allclose(by_hand, model.patch_embed(images), atol=1e-5)
+patches, tokens = patchify(images, config.patch_size), model.patch_embed(images)
+print("patches:", patches.shape, "-> tokens:", tokens.shape)
+assert tokens.shape == (*patches.shape[:2], config.width)  # (images, patches, D): one token per patch
 
 # %% [markdown]
 # Tokens carry no notion of *where* they came from, so the model adds a learned position embedding to each.
@@ -389,8 +389,9 @@ else:
 # ## Exercises
 #
 # [exercises/01_vit.ipynb](../exercises/01_vit.ipynb) asks you to write `patchify`, the patch embedding and its
-# inverse `unpatchify` (patches back to images) in NumPy, and to predict a patch tensor's shape before the check
-# computes it (9 points).
+# inverse `unpatchify` (patches back to images) in NumPy, to predict a token tensor's shape before you write the
+# embedding, to find the bug in an attention function, and to explain why a ViT needs position embeddings (11
+# points, and 2 graded by the instructor).
 #
 # Check your answers with `moe-course check exercises/01_vit.ipynb` from the repository's root (no instructor
 # tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check

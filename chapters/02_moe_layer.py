@@ -151,9 +151,10 @@ assert np.allclose(dense_moe, loop, atol=1e-5)
 
 # %%
 k = 2
-top = np.argsort(-dense_gate, axis=1, kind="stable")[:, :k]  # (tokens, k) the k experts with the largest gate
+sparse_route = top_k_routing(router(x), k)  # the library's TOP-k (section 2): the k largest gates, unchanged
+top = np.asarray(sparse_route.expert_index[0])  # (tokens, k) the k experts with the largest gate
 sparse_gate = np.zeros_like(dense_gate)
-np.put_along_axis(sparse_gate, top, np.take_along_axis(dense_gate, top, 1), axis=1)
+np.put_along_axis(sparse_gate, top, np.asarray(sparse_route.gates[0]), axis=1)
 only_k_run = np.stack([sum(dense_gate[t, e] * expert_mlp(weights_1, e, x_np[t]) for e in top[t])
                        for t in range(len(x_np))])  # only the k chosen experts run
 zeros_in_the_dense_sum = np.einsum("te,etd->td", sparse_gate, np.asarray(every_expert_output))
@@ -894,8 +895,9 @@ if torch is not None:
 #
 # [exercises/02_moe_layer.ipynb](../exercises/02_moe_layer.ipynb) asks you to write TOP-k routing, the expert
 # capacity, Experts Choice -- each expert picks its tokens, which no chapter writes out (chapter 5 uses the
-# library's) -- and the importance and load losses in NumPy, and to predict a number before the check computes
-# it (16 points).
+# library's) -- and the importance and load losses in NumPy, to predict what Experts Choice leaves out before you
+# write it, to fix a gate function that takes its softmax after TOP-k, and to explain why tokens are dropped (18
+# points, and 2 graded by the instructor).
 #
 # Check your answers with `moe-course check exercises/02_moe_layer.ipynb` from the repository's root (no
 # instructor tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check

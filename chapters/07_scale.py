@@ -214,17 +214,25 @@ assert (source >= 0).sum() == np.asarray(allocation.served).sum()  # one slot pe
 # %% [markdown]
 # **Step 2: the all-to-all along the expert axis.** Device (data r, expert j) receives from every device (r, i)
 # of its row -- itself included -- the buffers for *its* experts j*E/n ... (j+1)*E/n - 1, stacked by source.
-# `send_to_experts` writes that exchange once for any array laid out `(devices, E, ...)`: we move the tokens
-# with it, and for the picture the labels of where each slot's token came from.
+# `send_to_experts` runs the library's exchange (`parallel.exchange`: one `jax.lax.all_to_all` over the expert
+# axis) on the simulated devices, for any array laid out `(devices, E, ...)`: we move the tokens with it, and for
+# the picture the labels of where each slot's token came from.
 #
 # **Predict, then run.** Device 0 sends its buffers, shape `(E, B, D)`. What shape does each device hold after the
 # exchange, and the tokens of how many devices sit in it? Write your guess down before you run the next cell.
 
 # %%
+def on_the_devices(per_device, step):
+    """Run ``step`` on every device's array of ``per_device`` (G, ...) at once, the devices of each data row
+    forming the expert axis that ``parallel.exchange`` exchanges over (a vmap axis of that name)."""
+    rows = jnp.asarray(per_device).reshape(data_rows, n_expert, *per_device.shape[1:])  # device_of(r, j) = r*n + j
+    out = jax.vmap(jax.vmap(step, axis_name=parallel.EXPERT))(rows)
+    return np.asarray(out).reshape(G, *out.shape[2:])
+
+
 def send_to_experts(per_device):
     """(G, E, ...) -> (G, n, E/n, ...): device (r, j) gets from each device (r, i) the block of its own experts."""
-    return np.stack([np.stack([per_device[device_of(r, i), j * per:(j + 1) * per] for i in range(n_expert)])
-                     for r in range(data_rows) for j in range(n_expert)])
+    return on_the_devices(per_device, lambda local: parallel.exchange(local[None]))  # local (E, ...): one group
 
 
 def on_the_grid(inbox_source):
@@ -283,8 +291,7 @@ print("expert outputs on each device:", outbox[0].shape)
 # %%
 def send_back(outbox):
     """(G, n, E/n, ...) -> (G, E, ...): the inverse of send_to_experts."""
-    return np.stack([np.concatenate([outbox[device_of(r, j)][i] for j in range(n_expert)]) for r in range(data_rows)
-                     for i in range(n_expert)])
+    return on_the_devices(outbox, lambda local: parallel.exchange(local, back=True)[0])
 
 
 returned = send_back(outbox)  # (G, E, B, D) again
@@ -355,13 +362,11 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 # %% [markdown]
 # ## 4. Bytes per device per MoE layer
 #
-# A device cuts its `(g, E, B, D)` buffers into n blocks and keeps one, so each exchange sends
-# `(n - 1) * g * (E / n) * B * D` numbers, and the forward pass has two exchanges (there and back):
-#
-# `bytes = 2 * (n - 1) * g * (E / n) * B * D * 4` (float32), independent of how many slots are filled.
-#
-# We check it against the program XLA compiled: every `all-to-all` instruction, its shape, and the fraction
-# (n - 1)/n of it that leaves the device.
+# A device cuts its `(g, E, B, D)` buffers into n blocks and keeps one, so each exchange sends (n - 1)/n of its
+# buffers, and the forward pass has two exchanges (there and back), 4 bytes per float32 number -- however many
+# slots are filled. `parallel.all_to_all_bytes(g, E, B, D, n)` counts it (exercise 7 asks you to write it for
+# any mesh). We check it against the program XLA compiled: every `all-to-all` instruction, its shape, and the
+# fraction (n - 1)/n of it that leaves the device.
 
 # %% [markdown]
 # **Predict, then run.** Here g = 1 group per device, E = 8, D = 64, n = 4 and B as printed in step 1. How many
@@ -385,8 +390,8 @@ print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent p
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
-# `2 * (n - 1) * g * (E / n) * B * D * 4 = 2 * 3 * 1 * 2 * B * 64 * 4`, that is 3,072 bytes per buffer slot B:
-# the printed formula and the compiled program agree exactly, because the program's all-to-all instructions have
+# Three quarters of g * E * D = 1 * 8 * 64 numbers per buffer slot, twice, 4 bytes each: 3,072 bytes per slot B.
+# The printed formula and the compiled program agree exactly, because the program's all-to-all instructions have
 # fixed shapes -- `(g, E, B, D)` cut into n pieces -- that do not depend on which slots the router filled. The
 # program has two of them per layer (there and back), each the size of the device's whole buffers, of which
 # (n - 1)/n leaves the device.
@@ -397,12 +402,12 @@ print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent p
 assert measured == formula  # the claim: the formula counts exactly what the compiled program sends
 
 # %% [markdown]
-# **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 2, 4 or 8
-# devices per row (8 is one expert per device), still one routing group per device. Does a device send more or
-# fewer bytes as n grows -- and what does it stop sending at all when n = 1?
+# **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 1, 2 or 4
+# devices per row, still one routing group per device. Does a device send more or fewer bytes as n grows -- and
+# what does it stop sending at all when n = 1?
 
 # %%
-by_mesh = {n: parallel.all_to_all_bytes(1, E, B, D, n) for n in (1, 2, 4, 8)}
+by_mesh = {n: parallel.all_to_all_bytes(1, E, B, D, n) for n in (1, 2, 4)}
 for n, sent_bytes in by_mesh.items():
     print(f"expert axis n = {n}: {sent_bytes:7d} bytes sent per device per MoE layer "
           f"({sent_bytes / (2 * E * B * D * 4):.3f} of its buffers, both ways)")
@@ -411,7 +416,7 @@ for n, sent_bytes in by_mesh.items():
 # <details><summary>What the output shows</summary>
 #
 # More, but never more than the device's whole buffers: a device keeps the block for its own experts, 1/n of
-# its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4, seven eighths at n = 8.
+# its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4.
 # At n = 1 every expert lives on every device and nothing is sent: plain data parallelism. So spreading the
 # experts thinner saves memory (section 5) and costs traffic, but the traffic per device is bounded: it
 # approaches `2 * g * E * B * D * 4` bytes -- all of its buffers, there and back -- however many devices share
@@ -421,7 +426,7 @@ for n, sent_bytes in by_mesh.items():
 
 # %%
 # the claim: nothing is sent at n = 1; more as n grows, never all of a device's buffers
-assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < by_mesh[8] < 2 * E * B * D * 4
+assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < 2 * E * B * D * 4
 
 # %% [markdown]
 # **Change one thing.** In the cell of section 1 that loads `config`, write

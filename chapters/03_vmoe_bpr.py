@@ -548,8 +548,9 @@ else:
 # ## Exercises
 #
 # [exercises/03_vmoe_bpr.ipynb](../exercises/03_vmoe_bpr.ipynb) asks you to write BPR's priority order and which
-# TOP-1 choices BPR serves *without* the chapter's loop over tokens, and to predict how many choices BPR drops in
-# a small example (7 points).
+# TOP-1 choices BPR serves *without* the chapter's loop over tokens, to predict how many choices BPR drops before
+# you write that, to fix an evaluation's routing groups (a class-sorted split), and to explain which choices
+# vanilla routing and BPR drop (9 points, and 2 graded by the instructor).
 #
 # Check your answers with `moe-course check exercises/03_vmoe_bpr.ipynb` from the repository's root (no instructor
 # tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check

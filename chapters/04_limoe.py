@@ -865,8 +865,9 @@ else:
 # ## Exercises
 #
 # [exercises/04_limoe.ipynb](../exercises/04_limoe.ipynb) asks you to write the entropy, the local and global
-# entropy losses, and the router z-loss (App. B, which this chapter does not write out) in NumPy, and to predict a
-# number before the check computes it (10 points).
+# entropy losses, and the router z-loss (App. B, which this chapter does not write out) in NumPy, to predict a
+# global loss before you write it, to fix a modality's mean router distribution that counts padding, and to
+# explain why LIMoE needs entropy losses per modality (12 points, and 2 graded by the instructor).
 #
 # Check your answers with `moe-course check exercises/04_limoe.ipynb` from the repository's root (no instructor
 # tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check

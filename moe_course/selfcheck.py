@@ -8,7 +8,9 @@ caught so that the next cells still run. Every graded test cell of the exercise 
 - ``passed`` (with what the cell printed, e.g. ``ok: top_k_routing matches on 3 cases``),
 - ``failed: <the check's message>`` (the exception the test cell raised, e.g. its AssertionError text),
 - ``not attempted`` when the handout's ``NotImplementedError`` is still there: raised by the test cell (a
-  function still unwritten) or by an answer cell since the previous test cell (a prediction not written).
+  function still unwritten) or by its answer cell (a prediction not written) -- the answer cell ``<what>_answer``
+  of test cell ``<what>_tests`` wherever it stands (a prediction is answered before the function it is checked
+  with), else any answer cell since the previous test cell.
 
 An explain task (a graded markdown cell: a written answer) is reported as ``explain: graded by the instructor``
 (``, not written yet`` while the handout's ``YOUR ANSWER HERE`` is still there); it does not count towards the
@@ -109,6 +111,8 @@ def verdicts(cells: list[dict], results: list[dict]) -> list[tuple[str, int | fl
     """(task name, points, "passed..." / "failed: ..." / "not attempted" / "explain: ...") for every graded
     cell; ``results`` holds one result per code cell."""
     rows, unanswered, ran = [], False, iter(results)
+    tests = {_nbgrader(c).get("grade_id") for c in cells if _nbgrader(c).get("grade")}
+    unwritten_for = set()  # test cells whose own answer cell (``<what>_answer``) raised NotImplementedError
     for cell in cells:
         meta = _nbgrader(cell)
         if _explain(cell):
@@ -117,12 +121,17 @@ def verdicts(cells: list[dict], results: list[dict]) -> list[tuple[str, int | fl
             continue
         result = next(ran)
         if meta.get("solution") and not meta.get("grade"):
-            unanswered |= bool(result["error"]) and result["error"][0] == "NotImplementedError"
+            raised = bool(result["error"]) and result["error"][0] == "NotImplementedError"
+            paired = str(meta.get("grade_id", "")).removesuffix("_answer") + "_tests"
+            if paired in tests:
+                unwritten_for |= {paired} if raised else set()
+            else:
+                unanswered |= raised
             continue
         if not meta.get("grade"):
             continue
         name, points = meta.get("grade_id", "?"), meta.get("points", 0)
-        if unanswered or (result["error"] and result["error"][0] == "NotImplementedError"):
+        if unanswered or name in unwritten_for or (result["error"] and result["error"][0] == "NotImplementedError"):
             rows.append((name, points, "not attempted"))
         elif result["error"]:
             kind, message = result["error"]

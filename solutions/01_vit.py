@@ -2,11 +2,12 @@
 # # Assignment 1: from images to tokens and back
 #
 # Chapter 1 turned an image into tokens with the library. Here you write the patches and the patch embedding
-# yourself in NumPy, then the way back from patches to images, which the chapter never writes, and you
-# predict a shape before you compute it. The grader compares your functions with the course library
+# yourself in NumPy, then the way back from patches to images, which the chapter never writes; you predict a
+# shape before you write the function that computes it, find the bug in an attention function, and explain
+# in words why a ViT needs its position embedding. The grader compares your functions with the course library
 # (`moe_course`), which the ViT of chapter 1 is built from. Replace every `raise NotImplementedError()` with
 # your code; the visible tests under each answer help you check your work, further tests are run when your
-# notebook is graded.
+# notebook is graded. The written answer (task 6) is graded by your instructor.
 #
 # Check your work with `moe-course check 01_vit.ipynb` (the visible tests, with the base install).
 
@@ -45,7 +46,22 @@ _answers.record("patchify_tests", patchify)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 2. Patch embedding (2 points)
+# ## 2. Predict first (2 points)
+#
+# Before you write the patch embedding (task 3): a batch of 8 images of 224 x 160 pixels (height x width)
+# with 3 colour channels is cut into 16 x 16 patches, and each patch becomes a token of width 384. What shape
+# does `embed_patches` return? Write your prediction as a tuple of three integers now, on paper -- the check
+# comes after task 3 and compares it with what your `embed_patches` computes (grading: with the library's).
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_SHAPE = (batch, tokens, width)`.
+
+# %% nbgrader={"grade": false, "grade_id": "shape_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_SHAPE = (8, 140, 384)
+### END SOLUTION
+
+# %% [markdown]
+# ## 3. Patch embedding (2 points)
 #
 # A ViT turns every patch into a token with one linear map shared by all patches. `embed_patches(images,
 # kernel, bias, patch_size)` gets a convolution kernel of shape `(p, p, channels, width)` (kernel size =
@@ -73,7 +89,19 @@ _answers.record("embed_tests", embed_patches)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Back from patches to images (3 points)
+# **The check of your prediction (task 2).** It runs your `embed_patches` on the batch of task 2.
+
+# %% nbgrader={"grade": true, "grade_id": "shape_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+computed = embed_patches(np.zeros((8, 224, 160, 3)), np.zeros((16, 16, 3, 384)), np.zeros(384), 16).shape
+assert tuple(PREDICTED_SHAPE) == computed, f"you predicted {PREDICTED_SHAPE}, embed_patches computes {computed}"
+print(f"ok: predicted {tuple(PREDICTED_SHAPE)}, embed_patches computes {computed}")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader computes the shape with moe_course.models.vit
+_answers.record("shape_tests", lambda: tuple(PREDICTED_SHAPE))
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 4. Back from patches to images (3 points)
 #
 # The chapter only goes one way. `unpatchify(patches, height, width, channels)` undoes `patchify`: it gets
 # patches `(batch, (height/p) * (width/p), p * p * channels)` in the order of task 1 and returns the images
@@ -101,7 +129,49 @@ _answers.record("unpatchify_tests", unpatchify)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. Explain: why the position embedding (2 points, graded by the instructor)
+# ## 5. Debug: attention maps (2 points)
+#
+# `attention_weights(q, k)` below is meant to compute the attention maps of multi-head attention as the
+# chapter's `attention_by_hand` and the library's `MultiHeadAttention` do: for every head, `softmax_j(q_i .
+# k_j / sqrt(d))` with `d` the head's width, the softmax over the keys. `q` and `k` have shape `(batch,
+# tokens, heads, d)`; the maps come back as `(batch, heads, query tokens, key tokens)`, each row summing to 1.
+# The code runs, and the rows do sum to 1 -- but it holds one bug, a failure mode chapter 1 shows. Run the
+# test below it, find the bug and fix it in the cell (change as little as you can).
+
+# %% nbgrader={"grade": false, "grade_id": "attention_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def attention_weights(q, k):
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k)
+    scores = scores - scores.max(axis=-1, keepdims=True)  # for a stable exponential; the softmax is unchanged
+    weights = np.exp(scores)
+    return weights / weights.sum(axis=-1, keepdims=True)
+### END HANDOUT
+### BEGIN SOLUTION
+def attention_weights(q, k):
+    scores = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+    scores = scores - scores.max(axis=-1, keepdims=True)  # for a stable exponential; the softmax is unchanged
+    weights = np.exp(scores)
+    return weights / weights.sum(axis=-1, keepdims=True)
+### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "attention_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# One head of width d = 4 and two tokens whose queries and keys are the unit vectors e_0 and e_1: token 0's
+# scores are (e_0 . e_0, e_0 . e_1) / sqrt(4) = (0.5, 0), so its row is softmax(0.5, 0).
+unit = np.eye(4)[:2].reshape(1, 2, 1, 4)
+maps = attention_weights(unit, unit)
+assert maps.shape == (1, 1, 2, 2), f"expected shape (1, 1, 2, 2), got {maps.shape}"
+assert np.allclose(maps.sum(-1), 1), "every row of a map sums to 1 (softmax over the keys)"
+assert np.allclose(maps[0, 0, 0], [0.6225, 0.3775], atol=1e-4), (
+    f"token 0's row: expected [0.6225 0.3775], got {maps[0, 0, 0]}")
+print("ok: attention_weights gives softmax(0.5, 0) = [0.6225 0.3775] for token 0, rows summing to 1")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader compares the maps with moe_course.layers.attention
+_answers.record("attention_tests", attention_weights)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 6. Explain: why the position embedding (2 points, graded by the instructor)
 #
 # Chapter 1 adds a learned position embedding to every token before the first block. Suppose a ViT had none:
 # you cut an image into patches, shuffle the patches into another order, and feed both sequences to the same
@@ -125,27 +195,3 @@ _answers.record("unpatchify_tests", unpatchify)
 # position, so order matters). 0 for "different output" without a mechanism; no point for "attention looks at
 # neighbours" (it looks at all tokens).
 # ### END SOLUTION
-
-# %% [markdown]
-# ## 5. Predict, then run (2 points)
-#
-# A batch of 8 images of 224 x 160 pixels (height x width) with 3 colour channels is cut into 16 x 16
-# patches. What shape does `patchify` return? Write your prediction as a tuple of three integers BEFORE you
-# run the check below; the check compares it with what your `patchify` computes, and grading with the
-# library's. (No code needed: work it out on paper.)
-#
-# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_SHAPE = (batch, patches, values)`.
-
-# %% nbgrader={"grade": false, "grade_id": "shape_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
-### BEGIN SOLUTION
-PREDICTED_SHAPE = (8, 140, 768)
-### END SOLUTION
-
-# %% nbgrader={"grade": true, "grade_id": "shape_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-computed = patchify(np.zeros((8, 224, 160, 3)), 16).shape
-assert tuple(PREDICTED_SHAPE) == computed, f"you predicted {PREDICTED_SHAPE}, patchify computes {computed}"
-print(f"ok: predicted {tuple(PREDICTED_SHAPE)}, patchify computes {computed}")
-### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader computes the shape with moe_course.models.vit
-_answers.record("shape_tests", lambda: tuple(PREDICTED_SHAPE))
-### END HIDDEN TESTS

@@ -3,8 +3,9 @@
 #
 # Chapter 2 built a sparse Mixture-of-Experts layer from its parts. You write five pieces in NumPy: TOP-k
 # routing, the expert capacity, the importance and load losses (V-MoE App. A.2), and one allocation the
-# chapter does not write out, Experts Choice; then you predict what Experts Choice does with a router that
-# has learned nothing. Shapes follow the library: `(groups, tokens, experts)` for router
+# chapter does not write out, Experts Choice -- but first you predict what Experts Choice does with a router
+# that has learned nothing. Then you fix a gate function that takes its softmax at the wrong moment, and
+# explain in words why tokens are dropped (graded by your instructor). Shapes follow the library: `(groups, tokens, experts)` for router
 # logits, `(groups, tokens, k)` for the choices. Replace every `raise NotImplementedError()`; the visible
 # tests help, further tests compare your functions with `moe_course.routing` when your notebook is graded.
 #
@@ -71,7 +72,22 @@ _answers.record("capacity_tests", expert_capacity)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Experts Choice (4 points)
+# ## 3. Predict first (2 points)
+#
+# Before you write Experts Choice (task 4, read its description first): a router that has learned nothing
+# gives every token the same probability for every expert (all logits equal). A group of 16 tokens is routed
+# with Experts Choice over 4 experts, each taking `capacity = 4` tokens. How many of the 16 tokens get NO
+# expert at all? Write the number now; the check after the last task counts it with your `experts_choice`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_UNSERVED = your number`.
+
+# %% nbgrader={"grade": false, "grade_id": "unserved_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_UNSERVED = 12
+### END SOLUTION
+
+# %% [markdown]
+# ## 4. Experts Choice (4 points)
 #
 # The chapter's allocations let every TOKEN choose its experts and drop what does not fit. Experts Choice
 # routing (Zhou et al. 2022, [arXiv:2202.09368](https://arxiv.org/abs/2202.09368)) turns this around: every
@@ -106,7 +122,7 @@ _answers.record("experts_choice_tests", experts_choice)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. Importance loss (2 points)
+# ## 5. Importance loss (2 points)
 #
 # `Imp_e` is the sum over a group's tokens of the softmax probability of expert e (of the clean logits);
 # the importance loss is its squared coefficient of variation over the experts, `var / mean^2` (population
@@ -132,7 +148,7 @@ _answers.record("importance_tests", importance_loss)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. Load loss (3 points)
+# ## 6. Load loss (3 points)
 #
 # For a token, let `threshold` be the k-th largest NOISY logit. The probability that expert e would still be
 # selected if its noise were drawn again is `p_e = 1 - Phi((threshold - logit_e) / sigma)`, with the clean
@@ -162,19 +178,73 @@ _answers.record("load_tests", load_loss)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 6. Predict, then run (2 points)
+# ## 7. Debug: the gates of the chosen experts (2 points)
 #
-# A router that has learned nothing gives every token the same probability for every expert (all logits
-# equal). A group of 16 tokens is routed with Experts Choice over 4 experts, each taking `capacity = 4`
-# tokens. How many of the 16 tokens get NO expert at all? Write the number BEFORE you run the check, which
-# counts it with your `experts_choice`.
-#
-# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_UNSERVED = your number`.
+# `sparse_gates(logits, k)` below is meant to give the gate matrix of a V-MoE layer: router logits `(groups,
+# tokens, experts)` in, the same shape out, each token's k chosen experts holding their gates as V-MoE
+# computes them (`TOP_k(softmax(logits))`, your task 1) and every other expert 0. It runs and picks the right
+# experts, but it holds one bug, a failure mode chapter 2 shows -- with k = 1 it would leave the router
+# without a gradient. Run the test below it, find the bug and fix it in the cell.
 
-# %% nbgrader={"grade": false, "grade_id": "unserved_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "softmax_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def sparse_gates(logits, k):
+    top = np.argsort(-logits, axis=-1, kind="stable")[..., :k]  # the k largest logits: the k chosen experts
+    chosen = np.take_along_axis(logits, top, axis=-1)
+    weights = np.exp(chosen - chosen.max(axis=-1, keepdims=True))
+    weights = weights / weights.sum(axis=-1, keepdims=True)  # the softmax
+    gates = np.zeros_like(logits)
+    np.put_along_axis(gates, top, weights, axis=-1)
+    return gates
+### END HANDOUT
 ### BEGIN SOLUTION
-PREDICTED_UNSERVED = 12
+def sparse_gates(logits, k):
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = probs / probs.sum(axis=-1, keepdims=True)  # the softmax, over all experts first
+    top = np.argsort(-probs, axis=-1, kind="stable")[..., :k]  # then the k largest: the k chosen experts
+    gates = np.zeros_like(logits)
+    np.put_along_axis(gates, top, np.take_along_axis(probs, top, axis=-1), axis=-1)
+    return gates
 ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "gates_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+gates = sparse_gates(np.log(np.array([[[0.1, 0.6, 0.3]]])), 1)
+assert gates.shape == (1, 1, 3), f"expected shape (1, 1, 3), got {gates.shape}"
+assert (gates > 0).sum() == 1 and gates[0, 0, 1] > 0, f"k = 1 keeps expert 1 only, got {gates.tolist()}"
+assert np.isclose(gates[0, 0, 1], 0.6), f"the gate of expert 1 is its probability 0.6, got {gates[0, 0, 1]:.3f}"
+print("ok: sparse_gates keeps expert 1 with its probability 0.6 as the gate (k = 1)")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing
+_answers.record("gates_tests", sparse_gates)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 8. Explain: dropped tokens (2 points, graded by the instructor)
+#
+# At a capacity ratio C = 1 every expert has exactly as many slots as the tokens would need if the router
+# spread its choices evenly, yet chapter 2's layer drops tokens even then. Why? And what happens to a token
+# whose every choice was dropped -- what does the MoE layer output for it, and where does its information go
+# on? Answer in three to six sentences in the cell below (replace `YOUR ANSWER HERE`).
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "dropped_explain", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# C = 1 gives each expert `k * tokens / E` slots: enough only if the router's choices are spread evenly. They
+# are not: the router sends more choices to some experts than to others (its preferences, noise, an untrained
+# or specialised router), so a popular expert's buffer fills and the choices that come after are dropped,
+# while other experts keep empty slots. The balancing losses (importance, load) push towards even use but
+# never make it exact. A dropped choice adds nothing: a token with all its choices dropped gets a zero MoE
+# output, and the residual connection carries its input unchanged to the next block, so it is not lost, only
+# not processed by an expert in this layer.
+#
+# Rubric (2 points): 1 point for uneven demand -- some experts chosen by more tokens than their B slots
+# (imbalance; capacity is set by the average); 1 point for the dropped token's path: zero contribution from the
+# layer, carried on by the residual (skip) connection. 0 for "the capacity is too small" without the
+# imbalance, or for "the token is deleted / removed from the sequence".
+# ### END SOLUTION
+
+# %% [markdown]
+# **The check of your prediction (task 3).** It counts, with your `experts_choice`, the tokens no expert takes.
 
 # %% nbgrader={"grade": true, "grade_id": "unserved_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 uniform = np.full((1, 16, 4), 0.25)

@@ -4,8 +4,10 @@
 # LIMoE (Mustafa et al. 2022) keeps the router healthy per modality with two entropy losses (Eq. 2, Sec.
 # 2.2.2): a local one that makes each token confident about its expert, and a (thresholded) global one that
 # makes a modality as a whole spread over several experts; and it adds the router z-loss, which the chapter
-# does not write out. You write the three in NumPy and predict one value of the global loss; the graded
-# tests compare them with `moe_course.routing`.
+# does not write out. You write the three in NumPy and predict one value of the global loss before you write
+# it; you fix a modality's mean router distribution that lets padding in, and explain why LIMoE needs the
+# entropy losses at all (graded by your instructor). The graded tests compare your answers with
+# `moe_course.routing`.
 #
 # Conventions as in the library: router logits `(groups, tokens, experts)`, a boolean `mask` `(groups,
 # tokens)` selecting the tokens of one modality; each loss is computed per group over its selected tokens,
@@ -78,7 +80,22 @@ _answers.record("local_tests", local_entropy_loss)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 3. Global entropy loss (3 points)
+# ## 3. Predict first (2 points)
+#
+# Before you write the global entropy loss (task 4, read its description first): the 8 text tokens of a group
+# all go, each with certainty, to one of only 2 of the 8 experts: 4 tokens to expert 0, 4 to expert 1. What
+# is the thresholded global entropy loss with `tau = log 4`? Write the number (to 3 decimals) now; the check
+# after the last task computes it with your `global_entropy_loss`.
+#
+# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_LOSS = your number`.
+
+# %% nbgrader={"grade": false, "grade_id": "global_prediction_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN SOLUTION
+PREDICTED_LOSS = 0.693
+### END SOLUTION
+
+# %% [markdown]
+# ## 4. Global entropy loss (3 points)
 #
 # For every group, the modality's marginal distribution `p~` is the mean of `softmax(logits)` over its
 # selected tokens. Without a threshold (`tau=None`) the loss is `-H(p~)`; with a threshold `tau` it is
@@ -113,7 +130,7 @@ _answers.record("global_tests", global_entropy_loss)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 4. The router z-loss (2 points)
+# ## 5. The router z-loss (2 points)
 #
 # LIMoE trains with one more router loss that the chapter does not write out, the z-loss of ST-MoE (Zoph et
 # al. 2022, [arXiv:2202.08906](https://arxiv.org/abs/2202.08906); LIMoE App. B.1): for every token, the
@@ -147,18 +164,70 @@ _answers.record("z_tests", router_z_loss)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 5. Predict, then run (2 points)
+# ## 6. Debug: a modality's mean router distribution (2 points)
 #
-# The 8 text tokens of a group all go, each with certainty, to one of only 2 of the 8 experts: 4 tokens to
-# expert 0, 4 to expert 1. What is the thresholded global entropy loss with `tau = log 4`? Write the number
-# (to 3 decimals) BEFORE you run the check, which computes it with your `global_entropy_loss`.
-#
-# In the cell below, replace `raise NotImplementedError()` with `PREDICTED_LOSS = your number`.
+# The global entropy loss looks at `p~_m`, the mean router distribution of one modality's tokens in a group
+# (LIMoE Sec. 2.2.2, below Eq. 2; the library's `marginal_probs`). `modality_marginal(logits, mask)` below is
+# meant to compute it: router logits `(groups, tokens, experts)` and the modality's `mask` `(groups, tokens)`
+# in (every group has at least one token of the modality), `(groups, experts)` out, each row the mean of the
+# softmax over the experts of that group's selected tokens. Its rows do sum to 1, but it holds one bug, a
+# failure mode chapter 4 warns about. Run the test below it, find the bug and fix it in the cell.
 
-# %% nbgrader={"grade": false, "grade_id": "global_prediction_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "padding_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def modality_marginal(logits, mask):
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = probs / probs.sum(axis=-1, keepdims=True)  # (groups, tokens, experts)
+    return probs.mean(axis=1)  # the mean over the group's tokens
+### END HANDOUT
 ### BEGIN SOLUTION
-PREDICTED_LOSS = 0.693
+def modality_marginal(logits, mask):
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs = probs / probs.sum(axis=-1, keepdims=True)  # (groups, tokens, experts)
+    return (probs * mask[..., None]).sum(axis=1) / mask.sum(axis=1)[:, None]  # the mean over the selected tokens
 ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "marginal_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+# A caption of 2 real pieces (one leaning to each expert) padded to 4 with id 0, whose padding all routes alike.
+caption = np.log(np.array([[[0.25, 0.75], [0.75, 0.25], [0.9, 0.1], [0.9, 0.1]]]))
+real = np.array([[True, True, False, False]])
+marginal = modality_marginal(caption, real)
+assert marginal.shape == (1, 2), f"expected shape (1, 2), got {marginal.shape}"
+assert np.allclose(marginal, [[0.5, 0.5]]), f"the 2 real pieces average to [0.5 0.5], got {marginal.round(3).tolist()}"
+print("ok: modality_marginal averages the caption's 2 real pieces only: [0.5 0.5]")
+### BEGIN HIDDEN TESTS
+import moe_course.course.answers as _answers  # the grader compares the outputs with moe_course.routing.entropy
+_answers.record("marginal_tests", modality_marginal)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 7. Explain: why entropy losses per modality (2 points, graded by the instructor)
+#
+# A LIMoE already trains with the classic auxiliary losses of V-MoE (importance and load), which keep the
+# experts evenly used. In the paper's setting -- far more image tokens than text tokens (196 against 16 for
+# B/16) -- why are they not enough for the text, and what do the local and the global entropy loss on the
+# text tokens each add? Answer in three to six sentences in the cell below (replace `YOUR ANSWER HERE`).
+
+# %% [markdown] nbgrader={"grade": true, "grade_id": "entropy_explain", "locked": false, "points": 2, "schema_version": 3, "solution": true, "task": false}
+# ### BEGIN SOLUTION
+# The classic losses are computed over all tokens of both modalities together (modality-agnostic). With about
+# 12 image tokens per text token, the experts look evenly used as long as the images spread over them, even if
+# all text tokens go to one expert -- whose buffer then overflows, so most text is dropped (LIMoE Sec. 2.2.1:
+# routing "still appears balanced" while text fails). The local entropy loss, per text token, makes each token
+# confident about one expert (low entropy of p(experts | x)); the global entropy loss on the text's mean
+# distribution makes the text as a whole spread over several experts (high entropy of p~_text, at least the
+# threshold tau = log S, a soft minimum of S experts), so text gets experts and slots of its own.
+#
+# Rubric (2 points): 1 point for why the classic losses miss it -- computed over all tokens, dominated by the
+# many image tokens, so text can collapse onto one expert (and be dropped) while the totals look balanced;
+# 1 point for the two entropy losses' roles -- local: each token confident (low per-token entropy); global:
+# the modality spread over several experts (high entropy of the mean, thresholded). 0 for "they balance the
+# load" without the per-modality point.
+# ### END SOLUTION
+
+# %% [markdown]
+# **The check of your prediction (task 3).** It computes the loss with your `global_entropy_loss`.
 
 # %% nbgrader={"grade": true, "grade_id": "global_prediction_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 two_experts = np.zeros((1, 8, 8))

@@ -31,6 +31,11 @@ def dense_mlp(x, fc1_kernel, fc1_bias, fc2_kernel, fc2_bias):
     return gelu(x @ fc1_kernel + fc1_bias) @ fc2_kernel + fc2_bias
 
 
+def torch_mlp(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
+    """The same MLP as PyTorch computes it, ``fc2(gelu(fc1(x)))``, from PyTorch's weights."""
+    return gelu(x @ fc1_weight.T + fc1_bias) @ fc2_weight.T + fc2_bias
+
+
 # %% [markdown]
 # ## 1. The experts: E copies of the dense MLP (3 points)
 #
@@ -163,29 +168,18 @@ _answers.record("k_tests", lambda: PREDICTED_K)
 # takes one block's MLP as PyTorch stores it -- `fc1.weight` (hidden, width), `fc1.bias`, `fc2.weight` (width,
 # hidden), `fc2.bias` -- and returns the four arrays in the course's layout (kernels (in, out); chapter 0,
 # section 3 compares the two layouts), ready for `expert_copies`. It runs and every shape is right, yet the
-# model upcycled from it does not compute what the PyTorch model did; the cell prints the symptom. Find the one
-# bug: copy the function into the answer cell below and fix it there (the colleague's cell is locked).
+# model upcycled from it does not compute what the PyTorch model did (`torch_mlp`, in the first cell). Run the
+# test below it, find the one bug and fix it in the cell.
 
-# %% nbgrader={"grade": false, "grade_id": "debug_given", "locked": true, "schema_version": 3, "solution": false, "task": false}
+# %% nbgrader={"grade": false, "grade_id": "torch_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
 def mlp_from_torch(fc1_weight, fc1_bias, fc2_weight, fc2_bias):
     """One block's PyTorch MLP -> (fc1_kernel (width, hidden), fc1_bias, fc2_kernel (hidden, width), fc2_bias)."""
     hidden, width = fc1_weight.shape
     fc1_kernel = fc1_weight.reshape(width, hidden)  # PyTorch stores (out, in); the course (in, out)
     fc2_kernel = fc2_weight.reshape(hidden, width)
     return fc1_kernel, fc1_bias, fc2_kernel, fc2_bias
-
-
-def torch_mlp(x, fc1_weight, fc1_bias, fc2_weight, fc2_bias):
-    """What PyTorch's ``fc2(gelu(fc1(x)))`` computes."""
-    return gelu(x @ fc1_weight.T + fc1_bias) @ fc2_weight.T + fc2_bias
-
-
-torch_weights = (rng.normal(size=(12, 5)), rng.normal(size=12), rng.normal(size=(5, 12)), rng.normal(size=5))
-tokens_x = rng.normal(size=(7, 5))
-gap = np.abs(dense_mlp(tokens_x, *mlp_from_torch(*torch_weights)) - torch_mlp(tokens_x, *torch_weights)).max()
-print(f"largest difference between the converted MLP and PyTorch's: {gap:.3f} (it should be 0)")
-
-# %% nbgrader={"grade": false, "grade_id": "debug_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### END HANDOUT
 ### BEGIN SOLUTION
 def mlp_from_torch(fc1_weight, fc1_bias, fc2_weight, fc2_bias):
     """One block's PyTorch MLP -> (fc1_kernel (width, hidden), fc1_bias, fc2_kernel (hidden, width), fc2_bias)."""
@@ -194,7 +188,8 @@ def mlp_from_torch(fc1_weight, fc1_bias, fc2_weight, fc2_bias):
     return fc1_kernel, fc1_bias, fc2_kernel, fc2_bias
 ### END SOLUTION
 
-# %% nbgrader={"grade": true, "grade_id": "debug_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+
+# %% nbgrader={"grade": true, "grade_id": "torch_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
 for shape in ((12, 5), (8, 8)):
     weights = (rng.normal(size=shape), rng.normal(size=shape[0]), rng.normal(size=shape[::-1]),
                rng.normal(size=shape[1]))
@@ -204,7 +199,7 @@ for shape in ((12, 5), (8, 8)):
 print("ok: mlp_from_torch's MLP computes what PyTorch's does")
 ### BEGIN HIDDEN TESTS
 import moe_course.course.answers as _answers  # the grader compares with moe_course.torch.convert.to_nnx_layout
-_answers.record("debug_tests", mlp_from_torch)
+_answers.record("torch_tests", mlp_from_torch)
 ### END HIDDEN TESTS
 
 # %% [markdown]

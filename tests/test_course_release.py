@@ -77,6 +77,38 @@ def test_an_explain_answer_and_its_rubric_are_never_released(name):
         assert not leaked, (name, grade_id, leaked[:3])
 
 
+DEBUG_TASKS = {"01_vit": "attention_debug", "02_moe_layer": "softmax_debug", "03_vmoe_bpr": "order_debug",
+               "04_limoe": "padding_debug", "08_upcycling": "torch_debug"}  # the debug task of each assignment
+
+
+@pytest.mark.parametrize("name", sorted(DEBUG_TASKS))
+def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name):
+    """The released debug cell holds the handout code (the planted bug), not nbgrader's stub; run on the grader's
+    inputs, that code fails the check of the test cell that records its function (the fixed code in the
+    solution passes it: the grading round trip's full marks)."""
+    import json
+
+    from moe_course.course.answers import check_cases, load_checks
+    from moe_course.course.compare import judge
+    from moe_course.course.verdict import references
+
+    cells = json.loads((ROOT / "exercises" / f"{name}.ipynb").read_text())["cells"]
+    by_id = {c["metadata"].get("nbgrader", {}).get("grade_id"): "".join(c["source"]) for c in cells}
+    handout = by_id[DEBUG_TASKS[name]]
+    assert "NotImplementedError" not in handout and "HANDOUT" not in handout, handout
+    namespace = {}
+    exec(by_id["setup"], namespace)
+    exec(handout, namespace)
+    graded = build.graded_functions(ROOT / "solutions" / f"{name}.py")
+    grade_id, function = next((g, f[0]) for g, f in graded.items() if f and f[0] in namespace and
+                              f"def {f[0]}(" in handout)
+    check = load_checks(ROOT / "solutions" / "checks" / f"{name}.py")[grade_id]
+    cases = check_cases(check, grade_id, 0)
+    reason = judge(check, grade_id, cases, [check.outputs(namespace[function], c) for c in cases],
+                   references(check, cases))
+    assert reason is not None, f"{name}: the handout's {function} passes {grade_id}"
+
+
 def test_a_graded_markdown_cell_without_its_solution_markers_is_refused(tmp_path):
     """A graded markdown cell is an explain cell: without the markers nbgrader would release the rubric."""
     solutions = tmp_path / "solutions"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from course_submissions import answered
+from course_submissions import answer_cells, answered
 from moe_course import selfcheck
 from moe_course.cli import main
 from moe_course.course.build import source_notebook
@@ -56,8 +56,9 @@ def test_a_filled_exercise_passes(blocked_env, tmp_path):
     done = _check(mine, blocked_env, cli=True)
     lines = done.stdout.strip().splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(lines) == 4 and all(": passed (ok: " in line for line in lines[:3]), done.stdout
-    assert lines[-1].startswith(f"3 of 3 tasks passed ({NAME}.ipynb)")
+    assert len(lines) == 6 and sum(": passed (ok: " in line for line in lines[:5]) == 4, done.stdout
+    assert lines[3].endswith("(2 pt): explain: graded by the instructor"), done.stdout  # the answer is written
+    assert lines[-1].startswith(f"4 of 4 tasks passed ({NAME}.ipynb)")
 
     wrong = json.loads(mine.read_text())  # a wrong prediction: that task fails with the check's message
     cell = next(c for c in wrong["cells"] if c["metadata"].get("nbgrader", {}).get("grade_id") == "dropped_answer")
@@ -69,12 +70,31 @@ def test_a_filled_exercise_passes(blocked_env, tmp_path):
     assert line.endswith("(2 pt): failed: AssertionError: you predicted 5, bpr_top1_served drops 3"), done.stdout
 
 
+def test_a_prediction_left_blank_marks_only_its_own_check(blocked_env, tmp_path):
+    """The prediction is answered before the function it is checked with: left blank, only its own check (the
+    last task) is not attempted, not the function's test that comes between."""
+    source = tmp_path / "source.ipynb"
+    source.write_text(json.dumps(source_notebook(ROOT / "solutions" / f"{NAME}.py")))
+    answers = [grade_id for grade_id in answer_cells(source) if grade_id != "dropped_answer"]
+    mine = tmp_path / f"{NAME}.ipynb"
+    mine.write_text(json.dumps(answered(ROOT / "exercises" / f"{NAME}.ipynb", source, answers)))
+    done = _check(mine, blocked_env)
+    verdicts = {line.split()[0]: line.split(":", 1)[1].strip() for line in done.stdout.strip().splitlines()[:-1]}
+    assert verdicts["served_tests"].startswith("passed") and verdicts["dropped_tests"] == "not attempted", done.stdout
+
+
 def test_a_blank_exercise_is_not_attempted(blocked_env):
+    """The handout: every function and the prediction (answered first, checked last) not attempted, the debug
+    task's given code failing its visible test, the explain task not written yet."""
     done = _check(ROOT / "exercises" / f"{NAME}.ipynb", blocked_env)
-    lines = done.stdout.strip().splitlines()
+    verdicts = {line.split()[0]: line.split(":", 1)[1].strip() for line in done.stdout.strip().splitlines()[:-1]}
     assert done.returncode == 1
-    assert [line.split(":", 1)[1].strip() for line in lines[:3]] == ["not attempted"] * 3, done.stdout
-    assert lines[-1].startswith(f"0 of 3 tasks passed ({NAME}.ipynb)")
+    assert verdicts == {"priority_tests": "not attempted", "served_tests": "not attempted",
+                        "evaluation_tests": "failed: AssertionError: classes per group: [1, 1, 1, 1] -- a group "
+                                            "of one class wants the same experts",
+                        "drops_explain": "explain: graded by the instructor, not written yet",
+                        "dropped_tests": "not attempted"}, done.stdout
+    assert done.stdout.strip().splitlines()[-1].startswith(f"0 of 4 tasks passed ({NAME}.ipynb)")
 
 
 @pytest.mark.parametrize("make, message", [

@@ -21,7 +21,9 @@ from moe_course.course.config import EXERCISES, SOLUTIONS, checks_file, course_p
 ASSIGNMENT_PATTERN = re.compile(r"^\d\d_[a-z0-9_]+$")
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 # Text that must never reach a learner: nbgrader's markers around answers and hidden tests.
-SECRET_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+SECRET_MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS", "BEGIN HANDOUT",
+                  "END HANDOUT")
+HANDOUT = re.compile(r"^[ \t]*### BEGIN HANDOUT\n(.*?)^[ \t]*### END HANDOUT\n", re.M | re.S)
 MARKDOWN_SOLUTION = re.compile(r"^### BEGIN SOLUTION$.*^### END SOLUTION$", re.M | re.S)
 
 
@@ -53,6 +55,22 @@ def source_notebook(solution: Path) -> nbformat.NotebookNode:
         cell.id = f"{grade_id or 'cell'}-{index:02d}".replace("_", "-")
     nbformat.validate(notebook)
     return notebook
+
+
+def hand_out_debug_code(notebook_path: Path) -> int:
+    """Put the given code of every debug task into the released notebook at ``notebook_path``: a solution code
+    cell that holds ``### BEGIN HANDOUT`` / ``### END HANDOUT`` (working code with one planted bug) before its
+    ``### BEGIN SOLUTION`` region (the fixed code) is released as the handout code alone, without nbgrader's
+    stub and the markers. Returns how many cells it changed."""
+    notebook = nbformat.read(notebook_path, as_version=4)
+    changed = 0
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and (given := HANDOUT.search(cell.source)):
+            cell.source = given.group(1).rstrip("\n")
+            changed += 1
+    if changed:
+        nbformat.write(notebook, notebook_path)
+    return changed
 
 
 def write_source(solution: Path, course_dir: Path) -> Path:
@@ -289,6 +307,7 @@ def release(course_dir: Path, names=None, *, solutions_dir: Path = SOLUTIONS,
         if not result["success"]:
             raise ReleaseError(f"nbgrader could not generate {name}: {result['error']}\n{result['log']}")
         notebook = paths["release"] / name / f"{name}.ipynb"
+        hand_out_debug_code(notebook)
         if leaked := leaked_markers(notebook):
             raise ReleaseError(f"{notebook} still contains {leaked}; check the markers in solutions/{name}.py")
         if exercises_dir is not None:

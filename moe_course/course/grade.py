@@ -320,13 +320,17 @@ def explain_sheet(course_dir: Path, assignment: str, notebook_bytes: int = MAX_N
             rows.append({"student": student, "grade_id": grade_id, "points": most,
                          "answer": csv_cell(written.get(grade_id, "(no answer)"), EXPLAIN_CHARS),
                          "score": "" if score is None else score})
-    sheet = explain_sheet_path(course_dir, assignment)
-    sheet.parent.mkdir(parents=True, exist_ok=True)
-    with open(sheet, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=EXPLAIN_FIELDS)
+    return _write_csv(explain_sheet_path(course_dir, assignment), EXPLAIN_FIELDS, rows)
+
+
+def _write_csv(target: Path, fields, rows: list[dict]) -> Path:
+    """Write ``rows`` (dicts of ``fields``) to the CSV file ``target`` (its folder made); returns ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
-    return sheet
+    return target
 
 
 def export(course_dir: Path, target: Path | None = None) -> Path:
@@ -365,12 +369,7 @@ def export(course_dir: Path, target: Path | None = None) -> Path:
         record["instructor_max"] = sum(points.values()) if points else ""
         record["instructor_score"] = sum(given) if points and None not in given else ""
         rows.append({field: csv_cell(record.get(field, "")) for field in GRADES_FIELDS})
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=GRADES_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    return target
+    return _write_csv(target, GRADES_FIELDS, rows)
 
 
 def validate(notebook: Path) -> dict:

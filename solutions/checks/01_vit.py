@@ -2,7 +2,8 @@
 
 Runs in two places: in the grading sandbox (only ``cases`` and ``call``: the inputs, drawn from the grading
 seed, with NumPy alone) and in the grader (``reference``, with the library: ``moe_course.models.vit`` for the
-patches, the patch embedding, the way back to images and the predicted shape). The sandbox gets this file
+patches, the patch embedding, the way back to images and the predicted shape; ``moe_course.layers.attention``
+for the attention maps of the debug task). The sandbox gets this file
 without the references (``moe_course.course.inputs``). See ``moe_course.course.answers``.
 """
 
@@ -74,15 +75,34 @@ def _unpatchify(patches, height, width, channels):
     return images.reshape(batch, height, width, channels)
 
 
-# 4. the predicted shape of 8 images of 224 x 160 pixels, 3 channels, cut into 16 x 16 patches: no inputs
-# (the question is fixed); the reference is the shape the library's patchify returns.
+# 2. the predicted token shape of 8 images of 224 x 160 pixels, 3 channels, cut into 16 x 16 patches and
+# embedded to width 384: no inputs (the question is fixed); the reference is the shape of the library's
+# PatchEmbed output (its shape only, computed abstractly by jax.eval_shape).
 def _shape(*_):
     import jax
     import jax.numpy as jnp
+    from flax import nnx
 
-    from moe_course.models.vit import patchify
+    from moe_course.models.vit import PatchEmbed
 
-    return tuple(jax.eval_shape(lambda x: patchify(x, 16), jax.ShapeDtypeStruct((8, 224, 160, 3), jnp.float32)).shape)
+    layer = PatchEmbed(16, 3, 384, rngs=nnx.Rngs(0))
+    return tuple(jax.eval_shape(lambda images: layer(images), jax.ShapeDtypeStruct((8, 224, 160, 3), jnp.float32)).shape)
+
+
+# 5. attention_weights (the debug task): queries and keys of several batch sizes, token counts, heads and head
+# widths, scaled up so that a missing 1/sqrt(d) changes every map; the reference is the library's
+# attention_weights (moe_course.layers.attention), the maps MultiHeadAttention returns.
+def _attention_cases(rng):
+    return [(3 * _normal(rng, b, t, h, d), 3 * _normal(rng, b, t, h, d)) for b, t, h, d in ((2, 5, 2, 4), (1, 7, 3, 8),
+                                                                                          (3, 3, 1, 16))]
+
+
+def _attention(q, k):
+    import jax.numpy as jnp
+
+    from moe_course.layers.attention import attention_weights
+
+    return np.asarray(attention_weights(jnp.asarray(q), jnp.asarray(k)))
 
 
 CHECKS = {
@@ -90,4 +110,5 @@ CHECKS = {
     "embed_tests": Check(_embed_cases, _embed, rtol=1e-4, atol=1e-5),
     "unpatchify_tests": Check(_unpatchify_cases, _unpatchify, exact=True),
     "shape_tests": Check(lambda rng: [()], _shape, exact=True),
+    "attention_tests": Check(_attention_cases, _attention, rtol=1e-4, atol=1e-6),
 }

@@ -16,6 +16,15 @@ def _top_k(logits, k):
     return np.asarray(routed.expert_index), np.asarray(routed.gates)
 
 
+def _sparse_gates(logits, k):  # sparse_gates (the debug task): the library's TOP-k gates, zero elsewhere
+    from moe_course.routing import top_k_routing
+
+    routed = top_k_routing(logits, k)
+    gates = np.zeros(logits.shape, np.float32)
+    np.put_along_axis(gates, np.asarray(routed.expert_index), np.asarray(routed.gates), axis=-1)
+    return gates
+
+
 def _topk_cases(rng):
     cases = [(rng.normal(size=(2, 9, 5)).astype(np.float32), k) for k in (1, 2, 3)]
     return cases + [(np.round(rng.normal(size=(1, 6, 4)), 0).astype(np.float32), 2)]  # ties
@@ -92,4 +101,5 @@ CHECKS = {
                                            for s in (0.5, 2.0)], _importance, rtol=1e-4, atol=0.0, scalar=True),
     "load_tests": Check(_load_cases, _load, rtol=2e-3, atol=1e-6, scalar=True),
     "unserved_tests": Check(lambda rng: [()], _unserved, exact=True, scalar=True),  # a prediction: no inputs
+    "gates_tests": Check(_topk_cases, _sparse_gates, rtol=1e-5, atol=1e-6),  # TOP-1's inputs among them
 }

@@ -1,6 +1,6 @@
 """Checks of assignment 03 (Batch Prioritized Routing): the inputs each answer is called on, and the course
-library's reference (``moe_course.routing.batch_prioritized_allocation``; ``dropped_tests`` checks a predicted
-number, with no inputs).
+library's reference (``moe_course.routing.batch_prioritized_allocation``; ``moe_course.data.base.eval_batches``
+for the evaluation's routing groups; ``dropped_tests`` checks a predicted number, with no inputs).
 
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
 NumPy alone) and in the grader (``reference``, with the library). See ``moe_course.course.answers``.
@@ -79,8 +79,38 @@ def _dropped():
     return int((~_served(expert_index, gates, 4)).sum())
 
 
+# evaluation_groups (the debug task): class-sorted labels (as the digits' test split is stored) of random class
+# sizes, several group sizes and evaluation seeds; the reference reads the order from the library's
+# ``eval_batches`` (the order ``evaluate`` walks a split in), run on a stand-in dataset whose examples are
+# their own indices.
+def _evaluation_cases(rng):
+    cases = []
+    for classes, group_size in ((4, 8), (10, 6), (3, 5)):
+        labels = np.repeat(np.arange(classes), rng.integers(group_size, 3 * group_size, size=classes))
+        cases.append((labels, group_size, int(rng.integers(0, 1000))))
+    return cases
+
+
+def _evaluation_groups(labels, group_size, seed):
+    from moe_course.data.base import eval_batches
+
+    class Indices:  # a split of len(labels) examples, each its own index
+        name = "indices"
+
+        def split_size(self, split):
+            return len(labels)
+
+        def get(self, split, indices):
+            return {"index": np.asarray(indices)}
+
+    order = np.concatenate([batch["index"] for batch in eval_batches(Indices(), "test", group_size, order_seed=seed)])
+    usable = len(labels) - len(labels) % group_size
+    return order[:usable].reshape(-1, group_size)
+
+
 CHECKS = {
     "priority_tests": Check(_priority_cases, _priority, exact=True),
+    "evaluation_tests": Check(_evaluation_cases, _evaluation_groups, exact=True),
     "served_tests": Check(_served_cases, _served, exact=True),
     "dropped_tests": Check(lambda rng: [()], _dropped, exact=True, scalar=True),  # a prediction: no inputs
 }

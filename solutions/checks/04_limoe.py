@@ -46,6 +46,28 @@ def _local(logits, mask):
     return float(local_entropy_loss(jnp.asarray(logits), jnp.asarray(mask)))
 
 
+# 6. modality_marginal (the debug task): masks of unequal counts in which every group keeps a token (a group
+# without any gets the library's uniform placeholder, which the task does not ask for), and padding whose
+# logits all lean one way, as id 0's do; the reference is the library's marginal_probs.
+def _marginal_cases(rng):
+    cases = []
+    for groups, tokens, experts in ((3, 8, 4), (2, 16, 6)):
+        logits = (2 * rng.normal(size=(groups, tokens, experts))).astype(np.float32)
+        mask = rng.random(size=(groups, tokens)) < 0.5
+        mask[:, 0] = True
+        logits[~mask] = (4 * np.eye(experts)[0]).astype(np.float32)  # the padding: one embedding, one preference
+        cases.append((logits, mask))
+    return cases
+
+
+def _marginal(logits, mask):
+    import jax.numpy as jnp
+
+    from moe_course.routing.entropy import marginal_probs
+
+    return np.asarray(marginal_probs(jnp.asarray(logits), jnp.asarray(mask))[0])
+
+
 # 3. global_entropy_loss on one set of logits: a random mask with an empty group (it must not count, with or
 # without a threshold), without a threshold (-H), and with tau = log 3 (nearly always below every group's
 # marginal entropy: the loss is 0); everything selected with tau = log 5 (near the largest entropy, log 6:
@@ -100,5 +122,6 @@ CHECKS = {
     "local_tests": Check(_local_cases, _local, rtol=1e-4, atol=1e-6, scalar=True),
     "global_tests": Check(_global_cases, _global, rtol=1e-4, atol=1e-6, scalar=True),
     "z_tests": Check(_z_cases, _z, rtol=1e-4, atol=1e-6, scalar=True),
+    "marginal_tests": Check(_marginal_cases, _marginal, rtol=1e-4, atol=1e-6),
     "global_prediction_tests": Check(lambda rng: [()], _global_prediction, rtol=0.0, atol=1e-3, scalar=True),
 }

@@ -104,5 +104,5 @@ CHECKS = {
     "k_tests": Check(lambda rng: [()], _k, exact=True, scalar=True),  # a prediction: no inputs
     "router_tests": Check(lambda rng: [(w, e, int(rng.integers(2**31))) for w, e in ((1024, 128), (256, 512))],
                           _router, rtol=0.0, atol=0.06, call=_router_call),
-    "debug_tests": Check(_torch_mlp_cases, _from_torch, exact=True),
+    "torch_tests": Check(_torch_mlp_cases, _from_torch, exact=True),
 }

@@ -9,6 +9,14 @@
 # %% [markdown]
 # # Chapter 0 -- JAX and Flax NNX for PyTorch users
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [expert](../docs/glossary.md#term-expert), [patch](../docs/glossary.md#term-patch),
+# [router](../docs/glossary.md#term-router), [token](../docs/glossary.md#term-token),
+# [TOP-k](../docs/glossary.md#term-TOP-k).
+#
+# </details>
+#
 # The chapters are written in JAX and Flax NNX. If you know PyTorch, you already know the ideas; what changes
 # is where the state lives. PyTorch keeps it inside objects (a global random generator, `.grad` fields filled
 # by `.backward()`, an optimizer that changes parameters in place); JAX passes it around explicitly (random

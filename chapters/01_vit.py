@@ -9,6 +9,16 @@
 # %% [markdown]
 # # Chapter 1 -- A Vision Transformer from patches up
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [A-MoD](../docs/glossary.md#term-A-MoD), [dropped token](../docs/glossary.md#term-dropped-token),
+# [expert](../docs/glossary.md#term-expert), [LIMoE](../docs/glossary.md#term-LIMoE),
+# [mixture of experts](../docs/glossary.md#term-mixture-of-experts), [MoD](../docs/glossary.md#term-MoD),
+# [patch](../docs/glossary.md#term-patch), [Soft MoE](../docs/glossary.md#term-Soft-MoE),
+# [token](../docs/glossary.md#term-token), [V-MoE](../docs/glossary.md#term-V-MoE).
+#
+# </details>
+#
 # Every model in this course -- V-MoE, LIMoE, Soft MoE, Mixture-of-Depths -- is a Vision Transformer (ViT)
 # with one part swapped out. So we start by building the dense ViT of Dosovitskiy et al. (2021) piece by
 # piece, check each piece against the library `moe_course`, and then train it on real data on a laptop CPU.

@@ -9,6 +9,31 @@
 # %% [markdown]
 # # Chapter 2 -- From a mixture of experts to a sparse MoE layer
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [auxiliary loss](../docs/glossary.md#term-auxiliary-loss),
+# [Batch Prioritized Routing (BPR)](../docs/glossary.md#term-Batch-Prioritized-Routing-BPR),
+# [buffer capacity](../docs/glossary.md#term-buffer-capacity),
+# [capacity ratio](../docs/glossary.md#term-capacity-ratio), [combine](../docs/glossary.md#term-combine),
+# [dispatch](../docs/glossary.md#term-dispatch), [dropped token](../docs/glossary.md#term-dropped-token),
+# [expert](../docs/glossary.md#term-expert), [Experts Choice](../docs/glossary.md#term-Experts-Choice),
+# [gate](../docs/glossary.md#term-gate), [group](../docs/glossary.md#term-group),
+# [importance loss](../docs/glossary.md#term-importance-loss), [load loss](../docs/glossary.md#term-load-loss),
+# [mixture of experts](../docs/glossary.md#term-mixture-of-experts), [MoD](../docs/glossary.md#term-MoD),
+# [MoE layer](../docs/glossary.md#term-MoE-layer), [patch](../docs/glossary.md#term-patch),
+# [priority](../docs/glossary.md#term-priority), [router](../docs/glossary.md#term-router),
+# [slot](../docs/glossary.md#term-slot), [Soft MoE](../docs/glossary.md#term-Soft-MoE),
+# [token](../docs/glossary.md#term-token), [TOP-k](../docs/glossary.md#term-TOP-k),
+# [V-MoE](../docs/glossary.md#term-V-MoE), [vanilla routing](../docs/glossary.md#term-vanilla-routing).
+#
+# </details>
+#
+# ![Diagram: a pre-LN encoder block whose MLP is a sparse MoE layer; inside it a router, top-k, per-expert buffers, four experts and the combine step, with a dropped token riding the residual](../docs/_static/diagrams/02_moe_layer.svg)
+#
+# *The MoE layer replaces the MLP of a pre-LN block; a token whose expert's buffer is full is dropped and rides the
+# residual.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
+#
 # Chapter 1 ended with a remark: most of a ViT's parameters sit in the MLPs. A Mixture-of-Experts layer
 # keeps many MLPs -- the *experts* -- and lets every token use only a few of them. This chapter builds the
 # sparse MoE layer of V-MoE (Riquelme et al. 2021, Sec. 2 and App. A, C) one step at a time, on real tokens,

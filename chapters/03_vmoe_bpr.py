@@ -9,6 +9,29 @@
 # %% [markdown]
 # # Chapter 3 -- V-MoE and Batch Prioritized Routing
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [Batch Prioritized Routing (BPR)](../docs/glossary.md#term-Batch-Prioritized-Routing-BPR),
+# [buffer capacity](../docs/glossary.md#term-buffer-capacity),
+# [capacity ratio](../docs/glossary.md#term-capacity-ratio), [combine](../docs/glossary.md#term-combine),
+# [dropped token](../docs/glossary.md#term-dropped-token), [expert](../docs/glossary.md#term-expert),
+# [Experts Choice](../docs/glossary.md#term-Experts-Choice), [FLOPs](../docs/glossary.md#term-FLOPs),
+# [gate](../docs/glossary.md#term-gate), [group](../docs/glossary.md#term-group),
+# [load loss](../docs/glossary.md#term-load-loss), [mixture of experts](../docs/glossary.md#term-mixture-of-experts),
+# [MoE layer](../docs/glossary.md#term-MoE-layer), [patch](../docs/glossary.md#term-patch),
+# [priority](../docs/glossary.md#term-priority), [router](../docs/glossary.md#term-router),
+# [slot](../docs/glossary.md#term-slot), [Soft MoE](../docs/glossary.md#term-Soft-MoE),
+# [token](../docs/glossary.md#term-token), [TOP-k](../docs/glossary.md#term-TOP-k),
+# [V-MoE](../docs/glossary.md#term-V-MoE), [vanilla routing](../docs/glossary.md#term-vanilla-routing).
+#
+# </details>
+#
+# ![Diagram: a V-MoE stack with MoE layers in every other block, and one group of eight tokens filling two buffers of three in batch order (vanilla) and in priority order (BPR)](../docs/_static/diagrams/03_vmoe_bpr.svg)
+#
+# *MoE layers in every other block; with small buffers, vanilla routing drops the late tokens, BPR the least confident
+# ones.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
+#
 # Chapter 2 built a sparse MoE layer. Here we put it into a Vision Transformer, as V-MoE does (Riquelme et
 # al. 2021): the MLP of every other block becomes a layer of E experts, each token goes to its top k of them,
 # and every expert has a buffer of limited capacity. Then we take the trained model and ask the question of

@@ -9,6 +9,32 @@
 # %% [markdown]
 # # Chapter 4 -- LIMoE: one tower for images and text, and the entropy losses that keep it healthy
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [auxiliary loss](../docs/glossary.md#term-auxiliary-loss),
+# [Batch Prioritized Routing (BPR)](../docs/glossary.md#term-Batch-Prioritized-Routing-BPR),
+# [buffer capacity](../docs/glossary.md#term-buffer-capacity),
+# [contrastive loss](../docs/glossary.md#term-contrastive-loss),
+# [dropped token](../docs/glossary.md#term-dropped-token), [entropy losses](../docs/glossary.md#term-entropy-losses),
+# [expert](../docs/glossary.md#term-expert), [expert pruning](../docs/glossary.md#term-expert-pruning),
+# [FLOPs](../docs/glossary.md#term-FLOPs), [gate](../docs/glossary.md#term-gate),
+# [group](../docs/glossary.md#term-group), [importance loss](../docs/glossary.md#term-importance-loss),
+# [LIMoE](../docs/glossary.md#term-LIMoE), [load loss](../docs/glossary.md#term-load-loss),
+# [mixture of experts](../docs/glossary.md#term-mixture-of-experts), [MoE layer](../docs/glossary.md#term-MoE-layer),
+# [one tower](../docs/glossary.md#term-one-tower), [patch](../docs/glossary.md#term-patch),
+# [recall@k](../docs/glossary.md#term-recall-k), [router](../docs/glossary.md#term-router),
+# [slot](../docs/glossary.md#term-slot), [success rate](../docs/glossary.md#term-success-rate),
+# [token](../docs/glossary.md#term-token), [V-MoE](../docs/glossary.md#term-V-MoE),
+# [z-loss](../docs/glossary.md#term-z-loss), [zero-shot accuracy](../docs/glossary.md#term-zero-shot-accuracy).
+#
+# </details>
+#
+# ![Diagram: image patches and caption tokens embedded separately, one shared encoder with MoE layers, per-modality average pooling and projection, and the contrastive loss](../docs/_static/diagrams/04_limoe.svg)
+#
+# *One encoder and one router per MoE layer for both modalities; only the embeddings, pooling and projections are per
+# modality.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
+#
 # Chapters 2 and 3 routed image patches. LIMoE (Mustafa et al., "Multimodal Contrastive Learning with LIMoE")
 # puts images *and* their captions through one and the same sparse MoE encoder and trains it contrastively,
 # like CLIP, so that an image and its caption land close together. The router is not told which tokens are

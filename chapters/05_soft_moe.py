@@ -9,6 +9,29 @@
 # %% [markdown]
 # # Chapter 5 -- Soft MoE against Tokens Choice and Experts Choice
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [Batch Prioritized Routing (BPR)](../docs/glossary.md#term-Batch-Prioritized-Routing-BPR),
+# [buffer capacity](../docs/glossary.md#term-buffer-capacity),
+# [capacity ratio](../docs/glossary.md#term-capacity-ratio), [combine](../docs/glossary.md#term-combine),
+# [dispatch](../docs/glossary.md#term-dispatch), [dropped token](../docs/glossary.md#term-dropped-token),
+# [expert](../docs/glossary.md#term-expert), [Experts Choice](../docs/glossary.md#term-Experts-Choice),
+# [FLOPs](../docs/glossary.md#term-FLOPs), [gate](../docs/glossary.md#term-gate),
+# [group](../docs/glossary.md#term-group), [mixture of experts](../docs/glossary.md#term-mixture-of-experts),
+# [MoE layer](../docs/glossary.md#term-MoE-layer), [patch](../docs/glossary.md#term-patch),
+# [router](../docs/glossary.md#term-router), [slot](../docs/glossary.md#term-slot),
+# [Soft MoE](../docs/glossary.md#term-Soft-MoE), [token](../docs/glossary.md#term-token),
+# [Tokens Choice](../docs/glossary.md#term-Tokens-Choice), [TOP-k](../docs/glossary.md#term-TOP-k),
+# [V-MoE](../docs/glossary.md#term-V-MoE), [vanilla routing](../docs/glossary.md#term-vanilla-routing).
+#
+# </details>
+#
+# ![Diagram: Soft MoE's logits, dispatch weights normalised over tokens, slots, two experts of two slots, and combine weights normalised over slots](../docs/_static/diagrams/05_soft_moe.svg)
+#
+# *Dispatch weights: a softmax over the tokens (down each column); combine weights: a softmax over the slots (along
+# each row).*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
+#
 # Chapters 2 and 3 routed every token to a few experts and paid for it with buffers that overflow, dropped
 # tokens and a router that learns only through its gates. Soft MoE (Puigcerver et al., "From Sparse to Soft
 # Mixtures of Experts") removes the discrete step altogether: every expert works on a few *slots*, and every

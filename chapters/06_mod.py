@@ -9,6 +9,24 @@
 # %% [markdown]
 # # Chapter 6 -- Mixture-of-Depths with attention routing (A-MoD)
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [A-MoD](../docs/glossary.md#term-A-MoD), [attention routing](../docs/glossary.md#term-attention-routing),
+# [expert](../docs/glossary.md#term-expert), [FLOPs](../docs/glossary.md#term-FLOPs),
+# [gate](../docs/glossary.md#term-gate), [isoFLOP](../docs/glossary.md#term-isoFLOP),
+# [leave-one-out importance](../docs/glossary.md#term-leave-one-out-importance),
+# [mixture of experts](../docs/glossary.md#term-mixture-of-experts), [MoD](../docs/glossary.md#term-MoD),
+# [patch](../docs/glossary.md#term-patch), [router](../docs/glossary.md#term-router),
+# [standard routing](../docs/glossary.md#term-standard-routing), [token](../docs/glossary.md#term-token),
+# [TOP-k](../docs/glossary.md#term-TOP-k).
+#
+# </details>
+#
+# ![Diagram: an MoD block where a router scores the tokens, the top C times P pass through attention and MLP, and the others skip along the residual path](../docs/_static/diagrams/06_mod.svg)
+#
+# *Only the top C P tokens of each image go through an MoD block; the others skip it on the residual path.*
+# [Routers side by side](../docs/routers.md) compares this chapter's routing with the others'.
+#
 # The mixtures of experts of chapters 2-5 spend the same compute on every token and choose *which* MLP does
 # the work. Mixture-of-Depths (MoD; Raposo et al. 2024) asks a different question: does every token need
 # every block at all? An MoD block processes only the `round(C * P)` most important of an image's `P`

@@ -9,6 +9,20 @@
 # %% [markdown]
 # # Chapter 7 -- Scale-out: experts on many devices
 #
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [all-to-all](../docs/glossary.md#term-all-to-all), [buffer capacity](../docs/glossary.md#term-buffer-capacity),
+# [capacity ratio](../docs/glossary.md#term-capacity-ratio), [combine](../docs/glossary.md#term-combine),
+# [dispatch](../docs/glossary.md#term-dispatch), [dropped token](../docs/glossary.md#term-dropped-token),
+# [expert](../docs/glossary.md#term-expert), [expert parallelism](../docs/glossary.md#term-expert-parallelism),
+# [gate](../docs/glossary.md#term-gate), [group](../docs/glossary.md#term-group),
+# [mesh](../docs/glossary.md#term-mesh), [mixture of experts](../docs/glossary.md#term-mixture-of-experts),
+# [MoE layer](../docs/glossary.md#term-MoE-layer), [router](../docs/glossary.md#term-router),
+# [slot](../docs/glossary.md#term-slot), [token](../docs/glossary.md#term-token),
+# [V-MoE](../docs/glossary.md#term-V-MoE).
+#
+# </details>
+#
 # A V-MoE-H/14 has 7 billion parameters, and most of them are expert weights: no accelerator holds them all.
 # V-MoE (Sec. 2.4, App. B), like GShard before it, therefore puts *different experts on different devices*
 # and moves the tokens to their experts and back. This chapter does that on eight simulated CPU devices, with

@@ -228,6 +228,25 @@ def test_every_output_figure_links_to_its_full_size_image(site):
     assert all(href == src for href, src in figures), figures
 
 
+def test_diagrams_routers_page_and_glossary(site):
+    """Each model chapter's page shows its diagram (docs/_static/diagrams, linked to its full size) and links the
+    routers page and the glossary; the routers page shows every diagram; a chapter's glossary link reaches an
+    entry of the glossary page."""
+    diagrams = sorted(p.stem for p in (ROOT / "docs" / "_static" / "diagrams").glob("*.svg"))
+    routers, glossary = _html(site, "routers.html"), _html(site, "glossary.html")
+    for name in diagrams:
+        assert (site / "_images" / f"{name}.svg").is_file(), name
+        assert re.search(rf'<a class="full-size-figure[^"]*" href="_images/{name}\.svg"', routers), name
+    for chapter in CHAPTERS:
+        page = _html(site, f"chapters/{chapter.stem}.html")
+        terms = set(re.findall(r'href="\.\./glossary\.html#(term-[\w.-]+)"', page))
+        assert terms and all(f'id="{term}"' in glossary for term in terms), (chapter.stem, terms)
+        if chapter.stem in diagrams:
+            assert re.search(rf'href="\.\./_images/{chapter.stem}\.svg"[^>]*>\s*<img[^>]+src="\.\./_images/'
+                             rf'{chapter.stem}\.svg"', page), chapter.stem
+            assert 'href="../routers.html"' in page, chapter.stem
+
+
 def test_chapter_pages_offer_notebook_downloads(site):
     """Each chapter page links its notebook and its exercise's; the files are in the site, and a chapter's first
     cell is the install cell."""

@@ -257,6 +257,24 @@ def chapter_cells(stem: str, notebook, executed: bool = True, repository: str = 
 
 EXECUTED_NOTE = "<!-- executed-note -->"
 EXERCISE_LINK = re.compile(r"\[([^\]]+)\]\(\.\./exercises/([\w.-]+\.ipynb)\)")  # [text](../exercises/NN.ipynb)
+# A chapter links a site page or shows a diagram by its path from chapters/ (``](../docs/routers.md)``,
+# ``](../docs/_static/diagrams/02_moe_layer.svg)``), which JupyterLab resolves; the page sits in docs/chapters/.
+DOCS_LINK = re.compile(r"\]\(\.\./docs/")
+# [text](../docs/glossary.md#term-X): in JupyterLab it opens the glossary's text; on the site a {term} reference
+GLOSSARY_LINK = re.compile(r"\[([^\]]+)\]\(\.\./docs/glossary\.md#(term-[\w.-]+)\)")
+
+
+def glossary_anchor(term: str) -> str:
+    """The anchor Sphinx gives a glossary entry: ``term-`` and the term, each run of other characters as ``-``
+    (``TOP-k`` -> ``term-TOP-k``, ``recall@k`` -> ``term-recall-k``)."""
+    return "term-" + re.sub(r"[^A-Za-z0-9._]+", "-", term).strip("-")
+
+
+def glossary_terms(path: Path = REPO / "docs" / "glossary.md") -> dict[str, str]:
+    """Every term of the glossary page (an unindented line of its ``{glossary}`` block), by its anchor."""
+    block = path.read_text(encoding="utf-8").split("```{glossary}", 1)[1].split("\n```", 1)[0]
+    names = [line for line in block.splitlines() if line and not line[0].isspace() and not line.startswith(":")]
+    return {glossary_anchor(name): name for name in names}
 
 
 def executed_note(executed: list[str], chapters: list[str]) -> str:
@@ -283,10 +301,14 @@ def add_chapter_cells(app, docname: str, source: list[str]) -> None:
     stem = docname.split("/", 1)[1]
     run, api = chapter_cells(stem, notebook, executed=stem in executed, repository=app.config.course_repository,
                              exercise=(REPO / "exercises" / f"{stem}.ipynb").is_file())
+    terms = glossary_terms()
     for cell in notebook.cells:  # the exercise link points into the repository; on the site, at its download
         if cell.cell_type == "markdown":
             cell.source = EXERCISE_LINK.sub(r'<a class="notebook-download" href="../_sources/exercises/\2" '
                                             r'download>\1</a>', cell.source)
+            cell.source = GLOSSARY_LINK.sub(
+                lambda m: f"{{term}}`{m[1]} <{terms[m[2]]}>`" if m[2] in terms else m[0], cell.source)
+            cell.source = DOCS_LINK.sub("](../", cell.source)  # an unknown glossary anchor then fails the build
     first_markdown = next((i for i, c in enumerate(notebook.cells) if c.cell_type == "markdown"), -1)
     notebook.cells.insert(first_markdown + 1, run)
     notebook.cells.append(api)
@@ -517,9 +539,10 @@ class WidgetNote(SphinxPostTransform):
 
 
 class FullSizeFigures(SphinxPostTransform):
-    """Link each figure of a chapter's output to its full-size image: the article column is narrower than many
-    figures (1390 px wide ones at 1280 px), so a click opens the image at its natural size. Runs after myst-nb
-    has picked the image output (its priority 4) and before the HTML builder copies images to ``_images``."""
+    """Link each figure of a chapter's output, and each architecture diagram (``_static/diagrams/``, on chapter
+    pages and the routers page), to its full-size image: the article column is narrower than many figures (1390
+    px wide ones at 1280 px), so a click opens the image at its natural size. Runs after myst-nb has picked the
+    image output (its priority 4) and before the HTML builder copies images to ``_images``."""
 
     default_priority = 5
     formats = ("html",)
@@ -527,7 +550,8 @@ class FullSizeFigures(SphinxPostTransform):
     def run(self, **kwargs) -> None:
         images_dir = relative_uri(self.app.builder.get_target_uri(self.env.docname), "_images")
         for image in list(self.document.findall(nodes.image)):
-            if isinstance(image.parent, nodes.reference) or not _in_cell_output(image):
+            diagram = "_static/diagrams/" in image["uri"]
+            if isinstance(image.parent, nodes.reference) or not (diagram or _in_cell_output(image)):
                 continue
             uri = image["uri"]
             if uri not in self.env.images:

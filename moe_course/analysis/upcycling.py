@@ -7,6 +7,11 @@ from __future__ import annotations
 import numpy as np
 
 from moe_course.analysis.routing import token_served
+from moe_course.analysis.sweeps import seed_lead, seed_table
+
+# The arms of benchmarks/upcycle_sweep.py (moe_course/results/upcycling.jsonl), by their ``kind``.
+ARMS = {"dense-start": "dense start (N steps)", "dense": "(a) dense, continued", "upcycled": "(b) upcycled V-MoE",
+        "scratch": "(c) V-MoE from scratch (N + M)"}
 
 
 def expert_distance(model) -> list[float]:
@@ -44,3 +49,13 @@ def unserved_fraction(record, batch: int) -> float:
     """The fraction of a batch's tokens no expert served (``token_served``): only the residual carries them
     through the layer. Under Experts Choice, the tokens no expert picked."""
     return float(1 - token_served(record, batch).mean())
+
+
+def upcycling_table(runs: list[dict], variant: str = "") -> str:
+    """The seed table of the upcycling runs of ``variant`` (``sweeps.seed_table``, one row per arm of ``ARMS``),
+    then each V-MoE arm minus the dense continued one, seed by seed (``sweeps.seed_lead``)."""
+    lines = [seed_table(runs, variant, names=ARMS), ""]
+    for kind in ("upcycled", "scratch"):
+        lead = seed_lead(runs, kind, baseline="dense", variant=variant)
+        lines.append(f"- {ARMS[kind]} minus {ARMS['dense']}: {lead}")
+    return "\n".join(lines)

@@ -88,8 +88,8 @@ def configs(args: argparse.Namespace):
         "capacity_ratio": args.capacity_ratio}).validate()
     recipe = recipe_for(get_preset("vit", "glyphs-tiny"))
     schedule = recipe.replace(steps=args.dense_steps, batch_size=args.batch, learning_rate=args.lr, seed=args.seed,
-                              checkpoint_every=0, warmup_steps=min(recipe.warmup_steps, args.dense_steps // 10), eval_batch_size=512,
-                              eval_every=max(1, args.dense_steps // 4), log_every=max(1, args.dense_steps // 10))
+                              checkpoint_every=0, warmup_steps=min(recipe.warmup_steps, args.dense_steps // 10),
+                              eval_batch_size=512, eval_every=max(1, args.dense_steps // 4), log_every=max(1, args.dense_steps // 10))
     return dense, moe, data, schedule
 
 

@@ -289,9 +289,11 @@ for block, record in zip(probe.config.moe_blocks(), probe_records):
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/08_upcycling.ipynb](../exercises/08_upcycling.ipynb) asks you to write the upcycling of one block's
-# parameters, to predict the upcycled model's loss at step 0, to find the planted bug in an upcycling that goes
-# wrong in a way this chapter describes, and to explain in your own words a choice the paper made.
+# [exercises/08_upcycling.ipynb](../exercises/08_upcycling.ipynb) asks you to write the experts of an upcycled
+# layer as copies of a dense MLP and the router's initial kernel, to predict (then check with your own functions)
+# the smallest k for which a softmax-first router keeps the dense function, to find the planted bug in a
+# converter of a PyTorch dense MLP, and to explain what a router that starts at zero would do (13 points, 3 of
+# them graded by the instructor).
 #
 # Check your answers with `moe-course check exercises/08_upcycling.ipynb` from the repository's root (no instructor
 # tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check

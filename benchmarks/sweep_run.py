@@ -8,9 +8,10 @@ import time
 import warnings
 
 
-def train_timed(config, schedule, data):
-    """(TrainResult, training seconds) of ``moe_course.train.train`` without a progress bar; prints the device
-    first (the line the benchmark tests expect) and silences the capacity-rounding warnings of small groups."""
+def train_timed(config, schedule, data, **options):
+    """(TrainResult, training seconds) of ``moe_course.train.train`` without a progress bar (``options``: its
+    keywords, e.g. ``init_model``, ``workdir``); prints the device first (the line the benchmark tests expect)
+    and silences the capacity-rounding warnings of small groups."""
     import jax
 
     from moe_course.train import train
@@ -18,7 +19,7 @@ def train_timed(config, schedule, data):
     warnings.filterwarnings("ignore", message=".*capacity.*")
     print(f"device: {jax.devices()[0].device_kind}")
     start = time.time()
-    result = train(config, data, schedule, progress=False)
+    result = train(config, data, schedule, progress=False, **options)
     return result, time.time() - start
 
 

@@ -304,3 +304,49 @@ def test_multihost_input_benchmark():
         row = _row(out, "images/process/step", p)
         assert len(row) == 6 and all(_is_number(field) for field in row), row
         assert float(row[1]) == 8 and float(row[2]) == 8 / int(p), row  # --quick: a global batch of 8
+
+
+def _upcycle_sweep():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import upcycle_sweep
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return upcycle_sweep
+
+
+def test_upcycle_sweep_defaults_are_the_papers_moe_layers_on_the_glyphs_backbone():
+    """benchmarks/upcycle_sweep.py with no options: glyphs-tiny's backbone (MLP 32) on 300 glyph classes, the
+    paper's MoE layers (reference.upcycle.UPCYCLING_MOE) in blocks 1 and 3, the dense start's schedule."""
+    from moe_course.configs import get_preset
+    from moe_course.reference.upcycle import UPCYCLING_MOE
+
+    sweep = _upcycle_sweep()
+    args = sweep.parse(["--seed", "3"])
+    dense, moe, data, schedule = sweep.configs(args)
+    assert sweep.variant(args) == "" and data.num_classes == 300 and data.config.seed == 3
+    assert dense == get_preset("vit", "glyphs-tiny").replace(mlp_dim=32, num_classes=300)
+    assert moe.moe_blocks() == (1, 3) and all(getattr(moe, k) == v for k, v in UPCYCLING_MOE.items())
+    assert (schedule.steps, schedule.batch_size, schedule.learning_rate, schedule.seed) == (800, 128, 3e-3, 3)
+    extra = sweep.extra_schedule(schedule, 240, 1e-3)
+    assert (extra.steps, extra.learning_rate, extra.warmup_steps, extra.decay) == (240, 1e-3, 24, "cosine")
+    assert sweep.variant(sweep.parse(["--experts", "8", "--extra-steps", "100"])) == "--extra-steps 100 --experts 8"
+    with pytest.raises(ValueError, match="--extra-steps=0"):
+        sweep.parse(["--extra-steps", "0"])
+
+
+@pytest.mark.slow
+def test_upcycle_sweep_trains_the_four_arms_at_equal_extra_flops(tmp_path):
+    out = _run("upcycle_sweep.py", "--glyphs-per-digit", "2", "--batch", "8", "--experts", "4", "--dense-steps",
+               "4", "--extra-steps", "2", "--measure-every", "1", "--out", str(tmp_path / "rows.jsonl"), timeout=600)
+    rows = {row["kind"]: row for row in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
+    assert list(rows) == ["dense-start", "upcycled", "dense", "scratch"]
+    assert [json.loads(line)["kind"] for line in (tmp_path / "rows.jsonl").read_text().splitlines()] == list(rows)
+    dense_flops = rows["dense"]["flops"]
+    assert rows["upcycled"]["steps"] == round(2 * dense_flops / rows["upcycled"]["flops"])
+    assert rows["scratch"]["steps"] == round(6 * dense_flops / rows["scratch"]["flops"])
+    points = rows["upcycled"]["divergence"]
+    assert [p["step"] for p in points] == list(range(rows["upcycled"]["steps"] + 1))
+    assert points[0]["expert_distance"] == [0.0, 0.0] and points[-1]["expert_distance"][0] > 0
+    assert rows["scratch"]["divergence"][0]["expert_distance"][0] > 1
+    assert all(0 <= p[key][i] <= 1 for p in points for key in ("importance_entropy", "unserved") for i in (0, 1))

@@ -17,7 +17,7 @@ from chapter_runner import CHAPTERS, run_chapter
 
 # Figures (image outputs) each chapter draws when executed; the slider figure of chapter 3 counts once.
 FIGURES = {"00_jax_primer": 2, "01_vit": 5, "02_moe_layer": 3, "03_vmoe_bpr": 4, "04_limoe": 8, "05_soft_moe": 3, "06_mod": 5,
-           "07_scale": 7}
+           "07_scale": 7, "08_upcycling": 1}
 MAX_OUTPUT_LINES = 60
 # Sections that run only where an optional package is installed (chapter 2 compares its layer with the PyTorch
 # twin). Without the package the chapter still runs and must pass; the test then skips, naming the section, so

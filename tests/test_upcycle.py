@@ -198,3 +198,34 @@ def test_the_pytorch_twin_upcycles_to_the_same_function():
     assert jax.tree.all(jax.tree.map(np.array_equal, ours, nnx.state(from_torch(twin), nnx.Param)))
     with pytest.raises(ValueError, match="model is a VMoE; upcycling starts from a dense ViT twin"):
         upcycle_twin(twin, config)
+
+
+def test_expert_distance_is_zero_for_copies_and_near_sqrt2_for_independent_draws():
+    """``analysis.upcycling.expert_distance``: identical copies at step 0, random experts about sqrt(2) apart."""
+    from moe_course.analysis.upcycling import expert_distance
+
+    assert expert_distance(upcycle(_trained_looking_dense(), _moe())) == [0.0]
+    (fresh,) = expert_distance(VMoE(_moe(), rngs=nnx.Rngs(0)))
+    assert 1.2 < fresh < 1.6, fresh
+    with pytest.raises(ValueError, match="without MoE layers"):
+        expert_distance(_trained_looking_dense())
+
+
+def test_importance_entropy_and_unserved_fraction_of_a_routing_record():
+    """Shares of the combine weight over the experts (entropy / log E) and tokens no expert served, on records made
+    by hand in both layouts: Tokens Choice (expert_index = the choices) and Experts Choice (index = arange(E))."""
+    from moe_course.analysis.upcycling import importance_entropy, unserved_fraction
+    from moe_course.layers.moe import RoutingRecord
+
+    def record(index, gates, served):
+        index, gates, served = (np.asarray(a)[None] for a in (index, gates, served))
+        return RoutingRecord(index, gates.astype(np.float32), served, None, np.zeros((1, E), np.int32), 2)
+
+    even = record([[0], [1], [2], [3]], [[0.5]] * 4, [[True]] * 4)  # 4 tokens, one per expert, equal gates
+    assert importance_entropy(even) == pytest.approx(1.0) and unserved_fraction(even, batch=1) == 0
+    one = record([[2], [2], [1], [0]], [[0.9], [0.9], [0.3], [0.3]], [[True], [True], [False], [False]])
+    assert importance_entropy(one) == pytest.approx(0.0) and unserved_fraction(one, batch=1) == 0.5
+    experts_choice = record(np.tile(np.arange(E), (4, 1)), np.eye(4) * 0.4, np.eye(4, dtype=bool))
+    assert importance_entropy(experts_choice) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="serves no choice"):
+        importance_entropy(record([[0]] * 4, [[0.5]] * 4, [[False]] * 4))

@@ -109,16 +109,17 @@ def seed_lead(runs: list[dict], kind: str, baseline: str = "dense", metric: str 
                     ties=sum(abs(d) <= tie for d in gaps), losses=sum(d < -tie for d in gaps))
 
 
-def seed_table(runs: list[dict], variant: str = "") -> str:
-    """A markdown table of ``variant``'s runs, one row per model kind (dense, Tokens Choice, Experts Choice, Soft
-    MoE first): forward MFLOPs per image, parameters, test accuracy (mean ± std, range), mean train loss, seeds."""
+def seed_table(runs: list[dict], variant: str = "", names: dict[str, str] = KIND_NAMES) -> str:
+    """A markdown table of ``variant``'s runs, one row per model kind (the kinds of ``names`` first, in its order,
+    named as it names them; by default dense, Tokens Choice, Experts Choice, Soft MoE): forward MFLOPs per image,
+    parameters, test accuracy (mean ± std, range), mean train loss, seeds."""
     accuracy, loss = seed_spread(runs, "test_accuracy", variant), seed_spread(runs, "train_loss", variant)
     first = {run["kind"]: run for run in runs if run["variant"] == variant}
-    order = list(KIND_NAMES)
+    order = list(names)
     lines = ["| model | forward MFLOPs | parameters | test accuracy: mean ± std (range) | train loss | seeds |",
              "| --- | --- | --- | --- | --- | --- |"]
     for kind, spread in sorted(accuracy.items(), key=lambda item: order.index(item[0]) if item[0] in order else 9):
-        lines.append(f"| {KIND_NAMES.get(kind, kind)} | {first[kind]['flops'] / 1e6:.2f} "
+        lines.append(f"| {names.get(kind, kind)} | {first[kind]['flops'] / 1e6:.2f} "
                      f"| {first[kind]['params'] / 1e3:.0f}k | {spread.mean:.3f} ± {spread.std:.3f} "
                      f"({spread.low:.3f}-{spread.high:.3f}) | {loss[kind].mean:.3f} "
                      f"| {', '.join(map(str, spread.seeds))} |")

@@ -1,0 +1,316 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Chapter 8 -- Sparse upcycling: a trained dense ViT becomes a V-MoE
+#
+# <details><summary>Terms this chapter uses, each linked to its definition</summary>
+#
+# [auxiliary loss](../docs/glossary.md#term-auxiliary-loss),
+# [buffer capacity](../docs/glossary.md#term-buffer-capacity),
+# [capacity ratio](../docs/glossary.md#term-capacity-ratio), [dropped token](../docs/glossary.md#term-dropped-token),
+# [expert](../docs/glossary.md#term-expert), [Experts Choice](../docs/glossary.md#term-Experts-Choice),
+# [FLOPs](../docs/glossary.md#term-FLOPs), [gate](../docs/glossary.md#term-gate),
+# [mixture of experts](../docs/glossary.md#term-mixture-of-experts), [MoE layer](../docs/glossary.md#term-MoE-layer),
+# [patch](../docs/glossary.md#term-patch), [router](../docs/glossary.md#term-router),
+# [token](../docs/glossary.md#term-token), [Tokens Choice](../docs/glossary.md#term-Tokens-Choice),
+# [TOP-k](../docs/glossary.md#term-TOP-k), [upcycling](../docs/glossary.md#term-upcycling),
+# [V-MoE](../docs/glossary.md#term-V-MoE).
+#
+# </details>
+#
+# ![Diagram: a dense ViT block whose MLP is copied into every expert of a V-MoE block, with a new router](../docs/_static/diagrams/08_upcycling.svg)
+#
+# *Upcycling keeps every weight of the dense model; the MLP of every other block is copied once per expert, and
+# only the router is new.*
+#
+# The checkpoints that exist are dense: big_vision's ViTs, timm's, DeiT. Sparse upcycling (Komatsuzaki et al.,
+# ICLR 2023) turns one into a mixture of experts instead of training a V-MoE from nothing: every parameter of the
+# dense model is copied, each expert of an MoE layer starts as a copy of that block's MLP, and the router -- which
+# the dense model does not have -- starts from a random draw (the paper's Fig. 1). The paper reports that upcycled
+# ViT-B and ViT-L beat the same dense models trained on for as much extra compute, and beat V-MoEs trained from
+# scratch on the whole budget.
+#
+# What you will be able to do: upcycle a model yourself with `moe_course.models.upcycle`, say when the upcycled
+# model computes exactly what the dense one did, measure how far the copied experts drift apart, and run the
+# paper's comparison at equal extra compute yourself. You need chapter 1 (the ViT) and chapter 3 (the V-MoE, and
+# the digit-glyphs task where experts pay). The cells train two small models, about two minutes on two CPU cores.
+
+# %%
+import dataclasses
+import warnings
+
+import matplotlib.pyplot as plt
+import numpy as np
+from flax import nnx
+
+from moe_course.analysis import collect_routing
+from moe_course.analysis.upcycling import expert_distance
+from moe_course.configs import get_preset
+from moe_course.configs.vmoe import VMoEConfig
+from moe_course.data import ClutteredDigits
+from moe_course.models import VMoE, upcycle, vit_param_count, vmoe_param_count
+from moe_course.routing import CapacityRoundingWarning
+from moe_course.settings import chapter_seed, runs_dir
+from moe_course.train import TrainConfig, evaluate, train
+
+warnings.simplefilter("ignore", CapacityRoundingWarning)
+WORKDIR = runs_dir()  # MOE_COURSE_WORKDIR, or runs/ at the repository's root
+SEED = chapter_seed()  # MOE_COURSE_SEED, 0 when unset
+digits = ClutteredDigits()
+test_images, test_labels = digits.arrays("test")
+images = test_images[:256]
+
+# %% [markdown]
+# ## 1. A dense model to start from
+#
+# Upcycling needs a trained dense ViT. Ours is chapter 1's `digits-tiny` (4 blocks, width 64, MLP 128) trained
+# for 600 steps on the 10-class digits -- about a minute; run the notebook again and it loads the checkpoint.
+
+# %%
+dense_config = get_preset("vit", "digits-tiny")
+dense_run = train(dense_config, digits, TrainConfig(steps=600, batch_size=128, learning_rate=1e-3, warmup_steps=60,
+                                                    log_every=100, eval_every=0, checkpoint_every=600, seed=SEED),
+                  workdir=WORKDIR / f"chapter08-dense-seed{SEED}", progress=False)
+dense = dense_run.model
+dense_test = evaluate(dense, digits, "test")
+print(f"dense ViT: {vit_param_count(dense_config) / 1e3:.0f}k parameters, test accuracy {dense_test['accuracy']:.3f}")
+assert dense_test["accuracy"] >= 0.5, dense_test  # it has learned the digits (0.96 after its 2,500-step recipe)
+
+# %% [markdown]
+# ## 2. Upcycling, and what the model computes at step 0
+#
+# `upcycle(dense, config)` builds the V-MoE of `config` and fills it from the dense model. The MoE layers go where
+# the paper puts them for vision: every other block (blocks 1 and 3 here). Each expert's `fc1` and `fc2` are
+# copies of the block's MLP -- google-research/vmoe's `expand_tile` rule (`vmoe/initialization/rules.py`): the
+# dense array gets a new leading axis of length E. Everything else is copied unchanged; the router kernel keeps
+# its fresh random draw. The config must share the dense backbone (width, depth, patch size, classes...);
+# otherwise `upcycle` raises a ValueError naming the field before anything is built.
+#
+# We build three V-MoEs with 8 experts from the same dense model, differing only in routing:
+# - **top-1, softmax first** (the V-MoE default): each token goes to its best expert, weighted by that
+#   expert's router probability;
+# - **top-1, TOP-k first** (`router_order="topk_then_softmax"`): the softmax is taken over the chosen expert
+#   alone;
+# - **Experts Choice, C = 2** (the paper's choice for vision): each expert takes the 2N/E tokens it scores
+#   highest.
+#
+# Every buffer is large enough to serve every token (capacity ratio 8 for the top-1 models).
+
+# %%
+base = VMoEConfig(**{**dataclasses.asdict(dense_config), "name": "digits-tiny-upcycled"}, num_experts=8, k=1,
+                  capacity_ratio=8.0, placement="every-2", group_size=8)
+routings = {"top-1, softmax first": base,
+            "top-1, TOP-k first": base.replace(router_order="topk_then_softmax"),
+            "Experts Choice, C = 2": base.replace(allocation="experts_choice", capacity_ratio=2.0)}
+upcycled = {name: upcycle(dense, config, seed=SEED) for name, config in routings.items()}
+experts = upcycled["top-1, softmax first"].blocks[1].mlp.experts
+print(f"V-MoE: {vmoe_param_count(base) / 1e3:.0f}k parameters; block 1's fc1 kernels {experts.fc1_kernel.shape}, "
+      f"expert 5 equal to the dense MLP: "
+      f"{np.array_equal(experts.fc1_kernel[5], dense.blocks[1].mlp.fc1.kernel[...])}")
+
+# %% [markdown]
+# **Predict, then run.** Before any training, which of the three upcycled V-MoEs computes exactly the dense
+# model's logits on the test images? For the others, will test accuracy move a little or a lot?
+
+# %%
+dense_logits = np.asarray(dense(images, deterministic=True).logits)
+step0, kept = {}, {}
+for name, model in upcycled.items():
+    logits, records = collect_routing(model, images)
+    record = records[0]  # block 1; a token's MLP output is scaled by the sum of its served gates
+    kept[name] = (np.asarray(record.gates) * np.asarray(record.served)).sum(-1).ravel()
+    step0[name] = dict(gap=float(np.abs(logits - dense_logits).max()),
+                       accuracy=float((logits.argmax(-1) == test_labels[:256]).mean()), scale=float(kept[name].mean()))
+    print(f"{name:22s}: largest logit difference {step0[name]['gap']:.2e}, accuracy {step0[name]['accuracy']:.3f} "
+          f"(dense {float((dense_logits.argmax(-1) == test_labels[:256]).mean()):.3f}); block 1: a token's served "
+          f"gates sum to {step0[name]['scale']:.3f} on average")
+fig, axes = plt.subplots(1, 3, figsize=(11, 2.6), sharey=True)
+for ax, (name, scale) in zip(axes, kept.items()):
+    ax.hist(scale, bins=np.linspace(0, 1.05, 22), color="C0")
+    ax.set(title=name, xlabel="sum of a token's served gates")
+axes[0].set_ylabel(f"tokens (of {kept[name].size})")
+fig.suptitle("Block 1 at step 0: the share of the dense MLP's output each token keeps", fontsize=10)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# With identical experts, an MoE layer returns (sum of the gates of a token's served choices) x MLP(x). Only the
+# TOP-k-first router gives every token gates that sum to one -- one choice, softmax over itself, gate 1 -- so
+# that model equals the dense one up to float rounding. With the softmax taken first, a token's gate is its top
+# router probability, between 1/E and 1: the MLP's output shrinks, token by token, and the accuracy moves. Under
+# Experts Choice a token gets the summed probabilities of the experts that picked it -- possibly none, then the
+# layer adds nothing. The damage depends on how much the task leans on the two upcycled MLPs; training repairs it
+# within a few steps, as the router learns.
+#
+# Why not always upcycle with TOP-k first? With k = 1 the gate is the constant 1, so no gradient reaches the
+# router through it: the router could not learn. Exact preservation and a trainable top-1 router exclude each
+# other; the paper accepts the small shift and keeps its router.
+#
+# </details>
+
+# %%
+# computed here: the identity holds on any machine (float rounding only); the others differ
+assert step0["top-1, TOP-k first"]["gap"] < 1e-4, step0
+assert step0["top-1, softmax first"]["gap"] > 1e-3 and step0["Experts Choice, C = 2"]["gap"] > 1e-3, step0
+assert 1 / 8 <= step0["top-1, softmax first"]["scale"] < 1, step0
+assert abs(step0["top-1, TOP-k first"]["scale"] - 1) < 1e-6, step0
+
+# %% [markdown]
+# ## 3. Training the upcycled model: the copies drift apart
+#
+# At step 0 the experts are identical, so the router's choice changes nothing but the gate. Training breaks the
+# symmetry: each expert receives gradients only from the tokens routed to it, so the copies move apart. We measure
+# the distance between experts as the mean over pairs of `||W_i - W_j|| / mean ||W||` on the `fc1` kernels: 0 for
+# copies, about 1.41 (the square root of 2) for experts drawn independently at random.
+#
+# We train the Experts Choice V-MoE (the paper's router) for 200 steps with a fresh optimizer, a short warmup and a
+# cosine decay from a peak learning rate of 5e-4 (half the dense run's).
+
+# %%
+ec = upcycled["Experts Choice, C = 2"]
+continued = train(ec.config, digits, TrainConfig(steps=200, batch_size=128, learning_rate=5e-4, warmup_steps=20,
+                                                 log_every=50, eval_every=0, seed=SEED),
+                  init_model=ec, progress=False)
+drawn = VMoE(ec.config, rngs=nnx.Rngs(SEED))  # a V-MoE at its random initialisation: independent experts
+
+
+def distance(model) -> float:
+    return float(np.mean(expert_distance(model)))  # the mean over the two MoE layers
+
+
+# %% [markdown]
+# **Predict, then run.** After 200 steps, how far apart are the upcycled experts: still 0, a small fraction of an
+# expert's size, or as far apart as experts drawn independently (1.41)?
+
+# %%
+print(f"expert distance: upcycled at step 0 {distance(ec):.4f}, after 200 steps {distance(continued.model):.4f}; "
+      f"experts drawn at random {distance(drawn):.3f}")
+print(f"test accuracy after 200 more steps: upcycled V-MoE {evaluate(continued.model, digits, 'test')['accuracy']:.3f} "
+      f"(dense start {dense_test['accuracy']:.3f})")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# A small fraction: the copies have moved apart, but they are still far closer to each other than to a random
+# draw. Each step moves a kernel by about the learning rate times its update, and the experts' updates differ
+# only in which tokens they saw, so upcycled experts stay near the dense MLP for a long time. The accuracy printed is
+# computed here and varies with machine and seed; the chapter claims nothing from it.
+#
+# </details>
+
+# %%
+# computed here: copies at step 0, apart after training, still nowhere near independent draws (any CPU, any seed)
+assert distance(ec) == 0.0
+assert 0 < distance(continued.model) < 0.5 < 1.2 < distance(drawn)
+
+# %% [markdown]
+# **Explore.** The step-0 shift of the default top-1 router depends on the number of experts: its gate is the top
+# router probability, which falls toward 1/E as E grows. Change `EXPLORE_EXPERTS` (2 to 64) and rerun: how does the
+# mean first gate move, and how many tokens want the busiest expert? What would that mean for a Tokens Choice
+# V-MoE with a capacity ratio near 1?
+
+# %%
+EXPLORE_EXPERTS = 16
+probe = upcycle(dense, base.replace(num_experts=EXPLORE_EXPERTS, capacity_ratio=float(EXPLORE_EXPERTS)), seed=SEED)
+_, probe_records = collect_routing(probe, images)
+for block, record in zip(probe.config.moe_blocks(), probe_records):
+    first = np.asarray(record.expert_index)[..., 0].ravel()
+    print(f"E = {EXPLORE_EXPERTS}, block {block}: mean first gate {np.asarray(record.gates)[..., 0].mean():.3f} "
+          f"(1/E = {1 / EXPLORE_EXPERTS:.3f}); the busiest expert is the first choice of "
+          f"{np.bincount(first).max() / first.size:.0%} of the tokens")
+
+# %% [markdown]
+# <details><summary>What to look for</summary>
+#
+# The mean gate falls as E grows. Where it stays well above 1/E, the random router is not indifferent: the tokens
+# of a trained model share large common directions, and a random kernel's scores pick them up -- and then many
+# tokens prefer the same expert. With Tokens Choice at C near 1 that expert's buffer overflows and most of those
+# tokens are dropped at step 0. Experts Choice, the paper's router for vision, cannot overflow: each expert takes
+# its fixed share of the tokens whatever the router's bias.
+#
+# </details>
+
+# %% [markdown]
+# **Change one thing.** Section 2 drew every router from `seed=SEED`. Upcycle the three models again with another
+# router seed (`upcycle(dense, config, seed=SEED + 1)`) and rerun that section's measuring cell: which of its
+# printed numbers move, and which cannot?
+#
+# <details><summary>Answer</summary>
+#
+# The TOP-k-first model still matches the dense logits to float rounding and keeps every token's gate at 1, for
+# any router: a gate that is always 1 does not depend on the router's weights. The other two move: their gates
+# are the new router's probabilities, so the per-token scales, the logit gaps and, a little, the accuracy change
+# with the draw -- which is why the chapter asserts only that they differ from the dense model, not by how much.
+#
+# </details>
+
+# %% [markdown]
+# ## 4. The paper's comparison, at toy scale
+#
+# The paper's claim is about cost: given a dense model trained for N steps and some extra compute, is it better
+# spent (a) training the dense model on, (b) upcycling it and training the V-MoE, or (c) is a V-MoE trained from
+# scratch on the whole budget better still? The paper finds (b) ahead of (a) for ViT-B and ViT-L, and (c) behind
+# (b) even with the dense model's full pretraining budget. Equal compute has to be measured, not assumed: an arm
+# whose image costs more FLOPs must get fewer steps. `benchmarks/upcycle_sweep.py --seed S` runs the three arms on
+# chapter 3's digit-glyphs with the course's one analytic count (`moe_course.analysis.flops_per_image`), the
+# paper's MoE layers for vision (every other block, 32 experts, Experts Choice at C = 2) and a dense model with a
+# narrow MLP, so that parameters bind; it also records, every 25 steps of the upcycled arm, the expert distance of
+# section 3 and how evenly the router spreads its weight. `benchmarks/upcycle_table.py` prints the seed table.
+# One seed takes about 20 minutes on two idle CPU cores -- too long for this notebook.
+
+# %% [markdown]
+# ## 5. Full scale
+#
+# The command line upcycles a real checkpoint: `moe-course train vmoe --upcycle-from PATH` reads a big_vision ViT
+# `.npz` or a course run, places the paper's MoE layers (or a `--preset`'s), and trains. docs/scale-out.md
+# ("Sparse upcycling") gives the full-scale command -- big_vision's ViT-S/16 on ImageNet-1k into a V-MoE-S/16,
+# with the FLOPs of each -- not run here.
+
+# %% [markdown]
+# ## Summary
+#
+# - Upcycling copies a dense model into a V-MoE: each expert a copy of its block's MLP (vmoe's `expand_tile`), a
+#   fresh router, every other weight unchanged; `moe_course.models.upcycle` does it and checks the shapes first.
+# - At step 0 the V-MoE computes the dense function only where a token's served gates sum to one; the default
+#   softmax-then-top-1 router and Experts Choice scale each token's MLP output by its gates.
+# - The copies drift apart slowly: after hundreds of steps they are still far closer to each other than to
+#   independently drawn experts, and the router must first learn to spread the tokens.
+# - A fair comparison with continued dense training gives every arm the same extra FLOPs, counted with one
+#   analytic formula; `benchmarks/upcycle_sweep.py` runs it at toy scale.
+
+# %% [markdown]
+# ## Exercises
+#
+# [exercises/08_upcycling.ipynb](../exercises/08_upcycling.ipynb) asks you to write the experts of an upcycled
+# layer as copies of a dense MLP and the router's initial kernel, to predict (then check with your own functions)
+# the smallest k for which a softmax-first router keeps the dense function, to find the planted bug in a
+# converter of a PyTorch dense MLP, and to explain what a router that starts at zero would do (13 points, 3 of
+# them graded by the instructor).
+#
+# Check your answers with `moe-course check exercises/08_upcycling.ipynb` from the repository's root (no instructor
+# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
+# `mywork/08_upcycling.ipynb`.
+
+# %% [markdown]
+# ## References
+#
+# - Komatsuzaki et al. 2023, *Sparse Upcycling: Training Mixture-of-Experts from Dense Checkpoints*, ICLR 2023,
+#   [arXiv:2212.05055](https://arxiv.org/abs/2212.05055): Fig. 1 (the upcycling initialisation), Sec. 2 (the
+#   design choices: which layers, experts, router), Fig. 2 and Sec. 4 (upcycling against dense continuation and
+#   against MoEs from scratch).
+# - Riquelme et al. 2021, *Scaling Vision with Sparse Mixture of Experts* (V-MoE),
+#   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2 (MoE layers in every other block), App. A
+#   (auxiliary losses).
+# - Zhu et al. 2024, *MoE Jetpack: From Dense Checkpoints to Adaptive Mixture of Experts for Vision Tasks*,
+#   [arXiv:2406.04801](https://arxiv.org/abs/2406.04801): Sec. 3 (initialising experts from dense checkpoints
+#   other than by copying).
+# - Reference code: [google-research/vmoe](https://github.com/google-research/vmoe)
+#   (`vmoe/initialization/rules.py`, `ExpandTileTransformation`).

@@ -27,7 +27,7 @@
 # ![Diagram: a dense ViT block whose MLP is copied into every expert of a V-MoE block, with a new router](../docs/_static/diagrams/08_upcycling.svg)
 #
 # *Upcycling keeps every weight of the dense model; the MLP of every other block is copied once per expert, and
-# only the router is new.*
+# only the router is new.* [Routers side by side](../docs/routers.md) compares the routers this V-MoE can use.
 #
 # The checkpoints that exist are dense: big_vision's ViTs, timm's, DeiT. Sparse upcycling (Komatsuzaki et al.,
 # ICLR 2023) turns one into a mixture of experts instead of training a V-MoE from nothing: every parameter of the
@@ -289,28 +289,35 @@ for block, record in zip(probe.config.moe_blocks(), probe_records):
 # %% [markdown]
 # ## Exercises
 #
-# [exercises/08_upcycling.ipynb](../exercises/08_upcycling.ipynb) asks you to write the experts of an upcycled
-# layer as copies of a dense MLP and the router's initial kernel, to predict (then check with your own functions)
-# the smallest k for which a softmax-first router keeps the dense function, to find the planted bug in a
-# converter of a PyTorch dense MLP, and to explain what a router that starts at zero would do (13 points, 3 of
-# them graded by the instructor).
+# The exercise notebook `08_upcycling` asks you to write the experts of an upcycled layer as copies of a dense MLP
+# and the router's initial kernel, to predict the smallest k for which a softmax-first router keeps the dense
+# function (before you build it), to fix a converter of PyTorch MLP weights (chapter 0's layouts), and to explain
+# what a router that starts at zero would do (13 points, 3 of them graded by your instructor).
 #
-# Check your answers with `moe-course check exercises/08_upcycling.ipynb` from the repository's root (no instructor
-# tools needed); to keep your work out of git, copy the notebook into `mywork/` first and check
-# `mywork/08_upcycling.ipynb`.
+# Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
+# repository's folder or any folder inside it:
+#
+# ```bash
+# moe-course exercise 08
+# moe-course check mywork/08_upcycling.ipynb
+# ```
+#
+# The first command copies the notebook into `mywork/` (git ignores that folder) and says how to open the copy;
+# open it from JupyterLab's file browser. The handout in `exercises/` is never opened: JupyterLab saves every
+# notebook it opens, and the handout would then show up as changed in git.
 
 # %% [markdown]
 # ## References
 #
 # - Komatsuzaki et al. 2023, *Sparse Upcycling: Training Mixture-of-Experts from Dense Checkpoints*, ICLR 2023,
-#   [arXiv:2212.05055](https://arxiv.org/abs/2212.05055): Fig. 1 (the upcycling initialisation), Sec. 2 (the
-#   design choices: which layers, experts, router), Fig. 2 and Sec. 4 (upcycling against dense continuation and
-#   against MoEs from scratch).
+#   [arXiv:2212.05055](https://arxiv.org/abs/2212.05055): Fig. 1 (the upcycling initialisation), the design
+#   choices (which layers, how many experts, which router) and the experiments (upcycling against dense
+#   continuation and against MoEs trained from scratch; the abstract states the vision result).
 # - Riquelme et al. 2021, *Scaling Vision with Sparse Mixture of Experts* (V-MoE),
 #   [arXiv:2106.05974](https://arxiv.org/abs/2106.05974): Sec. 2 (MoE layers in every other block), App. A
 #   (auxiliary losses).
 # - Zhu et al. 2024, *MoE Jetpack: From Dense Checkpoints to Adaptive Mixture of Experts for Vision Tasks*,
-#   [arXiv:2406.04801](https://arxiv.org/abs/2406.04801): Sec. 3 (initialising experts from dense checkpoints
-#   other than by copying).
+#   [arXiv:2406.04801](https://arxiv.org/abs/2406.04801): initialising experts from dense checkpoints other than
+#   by copying.
 # - Reference code: [google-research/vmoe](https://github.com/google-research/vmoe)
 #   (`vmoe/initialization/rules.py`, `ExpandTileTransformation`).

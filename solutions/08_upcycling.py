@@ -64,7 +64,7 @@ experts[0][1] += 1.0
 assert np.array_equal(experts[0][0], dense[0]), "changing expert 1 changed expert 0: each must be its own copy"
 print("ok: expert_copies gives (E, ...) arrays of equal, separate copies")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares with moe_course.models.upcycling.expand_tile
+import moe_course.course.inside.answers as _answers  # the grader compares with moe_course.models.upcycling.expand_tile
 _answers.record("copies_tests", expert_copies)
 ### END HIDDEN TESTS
 
@@ -122,7 +122,7 @@ assert np.array_equal(kernel, same), "the same generator state must give the sam
 assert not np.array_equal(kernel, router_kernel(256, 64, np.random.default_rng(2))), "another seed, another kernel"
 print(f"ok: router_kernel draws a truncated LeCun normal (std x sqrt(width) = {kernel.std() * 16:.3f})")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares the law with moe_course's SparseMoE router
+import moe_course.course.inside.answers as _answers  # the grader compares the law with moe_course's SparseMoE router
 _answers.record("router_tests", router_kernel)
 ### END HIDDEN TESTS
 
@@ -157,7 +157,7 @@ assert PREDICTED_K == equal[0], (f"you predicted {PREDICTED_K}, your upcycled la
                                  f"k = {equal[0]}")
 print(f"ok: predicted k = {PREDICTED_K}; your upcycled layer first equals the dense MLP at k = {equal[0]}")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader finds k with moe_course.routing's gates
+import moe_course.course.inside.answers as _answers  # the grader finds k with moe_course.routing's gates
 _answers.record("k_tests", lambda: PREDICTED_K)
 ### END HIDDEN TESTS
 
@@ -198,7 +198,7 @@ for shape in ((12, 5), (8, 8)):
     assert gap < 1e-9, f"hidden {shape[0]}, width {shape[1]}: the converted MLP differs from PyTorch's by {gap:.3f}"
 print("ok: mlp_from_torch's MLP computes what PyTorch's does")
 ### BEGIN HIDDEN TESTS
-import moe_course.course.answers as _answers  # the grader compares with moe_course.torch.convert.to_nnx_layout
+import moe_course.course.inside.answers as _answers  # the grader compares with moe_course.torch.convert.to_nnx_layout
 _answers.record("torch_tests", mlp_from_torch)
 ### END HIDDEN TESTS
 

@@ -2,7 +2,7 @@
 
 Runs in two places: in the grading sandbox (``cases``, the inputs drawn from the grading seed, and ``call``,
 which turns the router kernel an answer draws into numbers) and in the grader (``reference``, with the
-library). See ``moe_course.course.answers``. Apart from ``Check``, only the ``reference`` functions import
+library). See ``moe_course.course.inside.answers``. Apart from ``Check``, only the ``reference`` functions import
 ``moe_course`` (inside their bodies).
 
 A random kernel cannot equal the library's draw, so ``router_tests`` compares laws: the answer draws a kernel
@@ -18,10 +18,10 @@ number: ``atol=0.06``.
 
 import numpy as np
 
-from moe_course.course.answers import Check
+from moe_course.course.inside.answers import Check
 
 # The answer's router kernel comes from NumPy; the library's is Flax's initializer: the sandbox offers neither
-# JAX nor Flax to call (moe_course.course.inputs), so the initializer cannot answer its own check.
+# JAX nor Flax to call (moe_course.course.limits.inputs), so the initializer cannot answer its own check.
 SANDBOX_WITHOUT = ("jax", "jaxlib", "flax")
 
 QUANTILES = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)

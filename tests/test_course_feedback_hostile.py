@@ -223,7 +223,7 @@ def test_a_forged_score_cannot_be_drawn_over_the_real_one(pages, browser):
     page.set_viewport_size({"width": 1000, "height": 700})
     page.goto(pages["paths"]["forged"].resolve().as_uri())
     page.wait_for_load_state("load")
-    boxes = page.evaluate("""(score => {
+    boxes = page.evaluate(r"""(score => {
         const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
         const real = [...document.querySelectorAll('h4')].find(e => e.textContent.includes(score));
         const forged = [...document.querySelectorAll('body *')].filter(

@@ -234,7 +234,8 @@ def chapter_cells(stem: str, notebook, executed: bool = True, repository: str = 
         *launch_links(repository, stem),
         "",
         "In a clone of the repository, after the {doc}`/install`, start JupyterLab in the repository's folder "
-        "(its file browser then holds both `chapters/` and `exercises/`):",
+        "(its file browser then holds `chapters/`; `moe-course exercise NN` puts your copy of an exercise in "
+        "`mywork/`):",
         "",
         "```bash",
         "jupyter lab",
@@ -256,7 +257,6 @@ def chapter_cells(stem: str, notebook, executed: bool = True, repository: str = 
 
 
 EXECUTED_NOTE = "<!-- executed-note -->"
-EXERCISE_LINK = re.compile(r"\[([^\]]+)\]\(\.\./exercises/([\w.-]+\.ipynb)\)")  # [text](../exercises/NN.ipynb)
 # A chapter links a site page or shows a diagram by its path from chapters/ (``](../docs/routers.md)``,
 # ``](../docs/_static/diagrams/02_moe_layer.svg)``), which JupyterLab resolves; the page sits in docs/chapters/.
 DOCS_LINK = re.compile(r"\]\(\.\./docs/")
@@ -302,10 +302,8 @@ def add_chapter_cells(app, docname: str, source: list[str]) -> None:
     run, api = chapter_cells(stem, notebook, executed=stem in executed, repository=app.config.course_repository,
                              exercise=(REPO / "exercises" / f"{stem}.ipynb").is_file())
     terms = glossary_terms()
-    for cell in notebook.cells:  # the exercise link points into the repository; on the site, at its download
+    for cell in notebook.cells:
         if cell.cell_type == "markdown":
-            cell.source = EXERCISE_LINK.sub(r'<a class="notebook-download" href="../_sources/exercises/\2" '
-                                            r'download>\1</a>', cell.source)
             cell.source = GLOSSARY_LINK.sub(
                 lambda m: f"{{term}}`{m[1]} <{terms[m[2]]}>`" if m[2] in terms else m[0], cell.source)
             cell.source = DOCS_LINK.sub("](../", cell.source)  # an unknown glossary anchor then fails the build

@@ -151,6 +151,8 @@ _answers.record("layer_tests", soft_moe_layer)
 ### END HIDDEN TESTS
 
 # %% nbgrader={"grade": true, "grade_id": "factor_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+assert np.allclose(soft_moe_layer(one, phi[:, :1], 1.0, experts[:1]), one @ experts[0]), \
+    "task 4's layer still fails its test: fix it first -- this check measures the factor with your layer"
 doubled, once = soft_moe_layer(2 * x, phi, 1.0, experts), soft_moe_layer(x, phi, 1.0, experts)
 measured = float(np.linalg.norm(doubled) / np.linalg.norm(once))
 assert abs(PREDICTED_FACTOR - measured) < 1e-3, f"you predicted {PREDICTED_FACTOR}, the output changes {measured:.4f}x"

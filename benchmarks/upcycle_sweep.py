@@ -18,7 +18,7 @@ train accuracy, forward FLOPs per image, the images trained on, the validation c
 divided by log E (1 = an even split), and the fraction of tokens no expert served. ``--out FILE``
 appends the lines to FILE (moe_course/results/upcycling.jsonl holds the course's runs).
 
-Usage: python benchmarks/upcycle_sweep.py --seed 0 [--dense-steps 800 --extra-steps 250 ...] [--out FILE]
+Usage: python benchmarks/upcycle_sweep.py --seed 0 [--mlp 16 --dense-steps 3000 --extra-steps 1000 ...] [--out FILE]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from moe_course.configs.vmoe import ALLOCATIONS
 from moe_course.reference.upcycle import UPCYCLING_MOE
 from sweep_run import parameter_count, record, train_timed
 
-DEFAULTS = dict(glyphs_per_digit=30, mlp=32, dense_steps=800, extra_steps=250, lr=3e-3, extra_lr=1e-3,
+DEFAULTS = dict(glyphs_per_digit=30, mlp=32, dense_steps=5000, extra_steps=1500, lr=3e-3, extra_lr=1e-3,
                 experts=UPCYCLING_MOE["num_experts"], allocation=UPCYCLING_MOE["allocation"],
                 capacity_ratio=UPCYCLING_MOE["capacity_ratio"], batch=128, measure_every=25)
 

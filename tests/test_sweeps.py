@@ -157,12 +157,15 @@ def test_the_recorded_limoe_runs_read():
 def test_upcycling_table_names_the_arms_and_leads_over_dense_continued(tmp_path):
     from moe_course.analysis.upcycling import ARMS, upcycling_table
 
-    runs = [_run(kind, seed, accuracy + seed / 100) for seed in (0, 1)
+    runs = [_run(kind, seed, accuracy + seed / 100, test_loss=1 - accuracy - seed / 100) for seed in (0, 1)
             for kind, accuracy in (("dense-start", 0.5), ("dense", 0.6), ("upcycled", 0.7), ("scratch", 0.55))]
     lines = upcycling_table(runs).splitlines()
     assert [line.split("|")[1].strip() for line in lines[2:6]] == list(ARMS.values())
-    assert lines[-2].startswith("- (b) upcycled V-MoE minus (a) dense, continued: +0.100 ± 0.000")
-    assert lines[-1].startswith("- (c) V-MoE from scratch (N + M) minus (a) dense, continued: -0.050")
+    assert lines[-4].startswith("- (b) upcycled V-MoE minus (a) dense, continued: +0.100 ± 0.000")
+    assert lines[-3].startswith("- (c) V-MoE from scratch (N + M) minus (a) dense, continued: -0.050")
+    assert lines[-2] == ("- test loss, (b) upcycled V-MoE minus (a) dense, continued: -0.100 ± 0.000 (-0.100 to "
+                         "-0.100); lower on 2 of 2 seeds, within 0.005 on 0")
+    assert lines[-1].startswith("- test loss, (c) V-MoE from scratch (N + M) minus (a) dense, continued: +0.050")
     written = _write(tmp_path / "runs.jsonl", runs)
     out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "upcycle_table.py"),
                           str(written)], check=True, capture_output=True, text=True, timeout=120).stdout

@@ -48,9 +48,11 @@ import warnings
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
+from IPython.display import Markdown, display
 
 from moe_course.analysis import collect_routing
-from moe_course.analysis.upcycling import expert_distance
+from moe_course.analysis.sweeps import RESULTS, read_runs
+from moe_course.analysis.upcycling import ARMS, expert_distance, upcycling_table
 from moe_course.configs import get_preset
 from moe_course.configs.vmoe import VMoEConfig
 from moe_course.data import ClutteredDigits
@@ -256,15 +258,57 @@ for block, record in zip(probe.config.moe_blocks(), probe_records):
 # ## 4. The paper's comparison, at toy scale
 #
 # The paper's claim is about cost: given a dense model trained for N steps and some extra compute, is it better
-# spent (a) training the dense model on, (b) upcycling it and training the V-MoE, or (c) is a V-MoE trained from
-# scratch on the whole budget better still? The paper finds (b) ahead of (a) for ViT-B and ViT-L, and (c) behind
-# (b) even with the dense model's full pretraining budget. Equal compute has to be measured, not assumed: an arm
-# whose image costs more FLOPs must get fewer steps. `benchmarks/upcycle_sweep.py --seed S` runs the three arms on
-# chapter 3's digit-glyphs with the course's one analytic count (`moe_course.analysis.flops_per_image`), the
-# paper's MoE layers for vision (every other block, 32 experts, Experts Choice at C = 2) and a dense model with a
-# narrow MLP, so that parameters bind; it also records, every 25 steps of the upcycled arm, the expert distance of
-# section 3 and how evenly the router spreads its weight. `benchmarks/upcycle_table.py` prints the seed table.
-# One seed takes about 20 minutes on two idle CPU cores -- too long for this notebook.
+# spent (a) training the dense model on, or (b) upcycling it and training the V-MoE -- and is (c) a V-MoE trained
+# from scratch on the whole budget a match for (b)? Equal compute has to be counted, not assumed: an arm whose
+# image costs more FLOPs gets fewer steps (the course's one analytic count, `moe_course.analysis.flops_per_image`).
+# `benchmarks/upcycle_sweep.py --seed S` runs the three arms on chapter 3's digit-glyphs (300 classes) with the
+# paper's MoE layers for vision (every other block, 32 experts, Experts Choice at C = 2) on a dense ViT with a
+# narrow MLP (32, or 16), so that parameters bind. The dense start trains N = 5,000 steps; the extra compute is
+# M = 1,500 dense steps (30% of the start); (c) gets N + M. One seed takes about 20 minutes of two CPU cores, so
+# the runs are recorded.
+#
+# **Predict the paper.** The paper's abstract: upcycled ViT-B and ViT-L beat the same dense models trained on for
+# the same extra compute, at about half of the dense pretraining cost, and beat V-MoEs trained from scratch on all
+# of the dense budget. Write the claim down. Then forecast for the recorded runs below: will (b) lead (a), by how
+# much, on how many of five seeds? Where will (c) land, with 6,500 dense steps' worth of FLOPs? Does the narrower
+# MLP, where the dense model has fewer parameters to spare, change your answer?
+
+# %%
+# recorded runs: moe_course/results/upcycling.jsonl, written by benchmarks/upcycle_sweep.py; nothing here trains
+upcycling_runs = read_runs(RESULTS / "upcycling.jsonl")
+SWEPT = {"": "MLP 32", "--mlp 16": "MLP 16"}
+for variant, label in SWEPT.items():
+    command = f"upcycle_sweep.py --seed S {variant}".strip()
+    display(Markdown(f"**{label}** (`{command}`)\n\n{upcycling_table(upcycling_runs, variant)}"))
+
+fig, axes = plt.subplots(2, 2, figsize=(11, 6), layout="constrained")
+arm_colors = {"dense-start": "gray", "dense": "C0", "upcycled": "C1", "scratch": "C2"}
+for ax, (variant, label) in zip(axes[0], SWEPT.items()):
+    runs = [run for run in upcycling_runs if run["variant"] == variant]
+    dense_flops = {run["seed"]: run["flops"] for run in runs if run["kind"] == "dense"}
+    for run in runs:  # x: compute spent so far; the continued arms start where the dense start ended
+        start = run["dense_steps"] if run["kind"] in ("dense", "upcycled") else 0
+        scale = run["flops"] / dense_flops[run["seed"]]
+        steps, accuracy = zip(*run["val_curve"])
+        ax.plot([start + step * scale for step in steps], accuracy, color=arm_colors[run["kind"]], alpha=0.6,
+                lw=1, marker=".", label=ARMS[run["kind"]] if run["seed"] == runs[0]["seed"] else None)
+    ax.set(title=f"{label}: validation accuracy, one line per seed and arm", ylim=(0.5, 1.0),
+           xlabel="compute spent, in dense training steps' forward FLOPs")
+    ax.axvline(runs[0]["dense_steps"], color="gray", ls=":", lw=1)
+axes[0, 0].legend(fontsize=8, loc="lower right")
+for color, (variant, label) in zip(("C1", "C3"), SWEPT.items()):
+    for i, run in enumerate(r for r in upcycling_runs if r["variant"] == variant and r["kind"] == "upcycled"):
+        points = run["divergence"]
+        for ax, key in zip(axes[1], ("expert_distance", "importance_entropy")):
+            ax.plot([point["step"] for point in points], [np.mean(point[key]) for point in points], color=color,
+                    alpha=0.7, lw=1, label=label if i == 0 else None)
+for ax, title in zip(axes[1], ("expert distance (0: copies; 1.41: independent)",
+                               "importance entropy / log E (1: even)")):
+    ax.set(title=f"(b): {title}", xlabel="step after upcycling")
+    ax.grid(alpha=0.3)
+axes[1, 0].legend(fontsize=9)
+_ = fig.suptitle("Recorded runs (upcycle_sweep.py); MoE measures: mean of the two MoE layers on 256 test images",
+                 fontsize=10)
 
 # %% [markdown]
 # ## 5. Full scale

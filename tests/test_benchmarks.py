@@ -327,7 +327,7 @@ def test_upcycle_sweep_defaults_are_the_papers_moe_layers_on_the_glyphs_backbone
     assert sweep.variant(args) == "" and data.num_classes == 300 and data.config.seed == 3
     assert dense == get_preset("vit", "glyphs-tiny").replace(mlp_dim=32, num_classes=300)
     assert moe.moe_blocks() == (1, 3) and all(getattr(moe, k) == v for k, v in UPCYCLING_MOE.items())
-    assert (schedule.steps, schedule.batch_size, schedule.learning_rate, schedule.seed) == (800, 128, 3e-3, 3)
+    assert (schedule.steps, schedule.batch_size, schedule.learning_rate, schedule.seed) == (5000, 128, 3e-3, 3)
     extra = sweep.extra_schedule(schedule, 240, 1e-3)
     assert (extra.steps, extra.learning_rate, extra.warmup_steps, extra.decay) == (240, 1e-3, 24, "cosine")
     assert sweep.variant(sweep.parse(["--experts", "8", "--extra-steps", "100"])) == "--extra-steps 100 --experts 8"

@@ -30,7 +30,7 @@ SEEDS_SAY = "<details><summary>What the seeds say, and why</summary>"
 MAIN_LINE_WORDS = 2500
 # Predict-the-paper tasks per chapter (issue 53: each recorded paper comparison opens with one; >= 6 in chapters
 # 3-6).
-PAPER_TASKS = {"03_vmoe_bpr": 2, "04_limoe": 2, "05_soft_moe": 2, "06_mod": 3}
+PAPER_TASKS = {"03_vmoe_bpr": 2, "04_limoe": 2, "05_soft_moe": 2, "06_mod": 3, "08_upcycling": 1}
 DETAILS = re.compile(r"<details>.*?</details>", re.S)
 ENDING = ("## Summary", "## Exercises", "## References")
 CHAPTERS_BY_STEM = {chapter.stem: chapter for chapter in CHAPTERS}

@@ -170,3 +170,21 @@ def test_upcycling_table_names_the_arms_and_leads_over_dense_continued(tmp_path)
     out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "upcycle_table.py"),
                           str(written)], check=True, capture_output=True, text=True, timeout=120).stdout
     assert "the defaults:" in out and "| (b) upcycled V-MoE |" in out
+
+
+def test_the_recorded_upcycling_runs_hold_five_seeds_of_each_arm():
+    """moe_course/results/upcycling.jsonl (chapter 8, docs/results.md): the recipe's four arms on the same five or
+    more seeds, at the FLOPs the script gives them (the V-MoE arms' steps for the dense steps' FLOPs)."""
+    from moe_course.analysis.upcycling import ARMS, upcycling_table
+
+    runs = read_runs(RESULTS / "upcycling.jsonl")
+    recipe = [run for run in runs if run["variant"] == ""]
+    seeds = {kind: {run["seed"] for run in recipe if run["kind"] == kind} for kind in ARMS}
+    assert len(seeds["dense"]) >= 5 and all(s == seeds["dense"] for s in seeds.values()), seeds
+    for run in recipe:
+        if run["kind"] in ("upcycled", "scratch"):
+            dense = next(r for r in recipe if r["kind"] == "dense" and r["seed"] == run["seed"])
+            budget = run["extra_steps"] + (run["dense_steps"] if run["kind"] == "scratch" else 0)
+            assert run["steps"] == round(budget * dense["flops"] / run["flops"]), run["kind"]
+    for variant in {run["variant"] for run in runs}:
+        assert upcycling_table(runs, variant).count("\n") >= 8

@@ -318,32 +318,33 @@ _ = fig.suptitle("Recorded runs (upcycle_sweep.py); MoE measures: mean of the tw
 # %% [markdown]
 # <details><summary>What the seeds say, and why</summary>
 #
-# Five seeds (2026-11-29, two at a time on two CPU cores). The dense start ends at 0.984 test accuracy
-# (0.982-0.986 on 900 test images, so a point is nine images); its validation accuracy still gained 1.3-3.1 points
-# over the last quarter, as the cosine decay ran out -- near its plateau, not on it. For M = 1,500 dense steps'
-# FLOPs, (b) the upcycled V-MoE (1,280 steps) ends 0.4 ± 0.3 points below (a) the dense model trained on: lower on
-# every seed (by 0.1 to 0.9 points; by more than half a point on two), with a higher test loss on all five. (c) The
-# V-MoE from scratch (5,547 steps, the FLOPs of N + M) ends 0.4 ± 0.5 points above (a) (-0.3 to +0.8): higher on four
-# seeds of five (by more than half a point on two), its test loss lower on the same four. Neither claim of the paper shows at this scale: upcycling
-# does not beat continued dense training, and training from scratch does better than both on most seeds.
+# Five seeds (2026-11-29, two at a time on two CPU cores). The dense start ends at 0.984 test accuracy (0.982-0.986
+# on 900 test images, so a point is nine images); its validation accuracy still gained 1.3-3.1 points over the last
+# quarter, as the cosine decay ran out -- near its plateau, not on it. For M = 1,500 dense steps' FLOPs, (b) the
+# upcycled V-MoE (1,280 steps) ends 0.4 ± 0.3 points below (a) the dense model trained on: lower on every seed (by
+# 0.1 to 0.9 points; by more than half a point on two), with a higher test loss on all five. (c) The V-MoE from
+# scratch (5,547 steps, the FLOPs of N + M) ends 0.4 ± 0.5 points above (a) (-0.3 to +0.8): higher on four seeds of
+# five (by more than half a point on two), its test loss lower on the same four. Neither claim of the paper shows at
+# this scale: upcycling does not beat continued dense training, and training from scratch does better than both on
+# most seeds.
 #
 # Why: the lower left panel. After 1,280 steps the upcycled experts are 0.15-0.18 apart, against 1.41 for the
 # experts of the V-MoE from scratch: still near-copies of one MLP, so the upcycled model holds a V-MoE's 373k
-# parameters but computes much what the dense 109k did -- it has barely begun to use its new capacity. The router
-# is not the obstacle: Experts Choice gives every expert its share, and the weight is spread evenly from the start
+# parameters but computes much what the dense 109k did -- it has barely begun to use its new capacity. The router is
+# not the obstacle: Experts Choice gives every expert its share, and the weight is spread evenly from the start
 # (entropy 0.93-0.98 of its maximum at step 0, 0.96-0.99 at the end). The V-MoE from scratch has no head start to
 # lose, and on a task this small 5,547 steps bring it to its plateau; the paper's models are far from converged at
 # 100% of the dense budget, which is where a head start pays.
 #
 # What differs from the paper: data (300 classes of 32-pixel canvases, not JFT-300M), model (4 blocks of width 64,
 # MLP 32, not ViT-B/16 or L/16), steps (5,000 + 1,500 steps of 128 images, not hundreds of thousands), the extra
-# budget (30% of the start; the paper's gap opens as the extra compute grows) and the continued arms' learning
-# rate (a fresh AdamW, warmup and a cosine decay from 1e-3, a third of the start's peak). What was swept: a
-# shorter start (3,000 + 1,000 steps, seed 0: upcycled 0.948, dense continued 0.953, from scratch 0.974 -- the same
-# order) and a narrower MLP (16, seed 0: dense start 0.964, upcycled 0.966, dense continued 0.966, from scratch
-# 0.982: with fewer dense parameters the V-MoE from scratch gains more, the upcycled one still ties). Not swept: the extra budget, the continued arms' learning rate,
-# carrying the dense optimizer's state, the number of experts -- each one option of `upcycle_sweep.py`
-# (`--extra-steps`, `--extra-lr`, `--experts`).
+# budget (30% of the start; the paper's gap opens as the extra compute grows) and the continued arms' learning rate
+# (a fresh AdamW, warmup and a cosine decay from 1e-3, a third of the start's peak). What was swept: a shorter start
+# (3,000 + 1,000 steps, seed 0: upcycled 0.948, dense continued 0.953, from scratch 0.974 -- the same order) and a
+# narrower MLP (16, seed 0: dense start 0.964, upcycled 0.966, dense continued 0.966, from scratch 0.982: with fewer
+# dense parameters the V-MoE from scratch gains more, the upcycled one still ties). Not swept: the extra budget, the
+# continued arms' learning rate, carrying the dense optimizer's state, the number of experts -- each one option of
+# `upcycle_sweep.py` (`--extra-steps`, `--extra-lr`, `--experts`).
 #
 # </details>
 
@@ -363,7 +364,8 @@ _ = fig.suptitle("Recorded runs (upcycle_sweep.py); MoE measures: mean of the tw
 # - At step 0 the V-MoE computes the dense function only where a token's served gates sum to one; the default
 #   softmax-then-top-1 router and Experts Choice scale each token's MLP output by its gates.
 # - The copies drift apart slowly: after hundreds of steps they are still far closer to each other than to
-#   independently drawn experts, and the router must first learn to spread the tokens.
+#   independently drawn experts. A random router piles a Tokens Choice layer's tokens onto a few experts at
+#   first; Experts Choice gives every expert its share from the start.
 # - A fair comparison with continued dense training gives every arm the same extra FLOPs, counted with one
 #   analytic formula. At toy scale (five recorded seeds) the upcycled V-MoE does not beat the dense model trained
 #   on, and a V-MoE from scratch on the whole budget beats both on four seeds of five: the copies had barely moved

@@ -42,7 +42,7 @@ TERMS = {
     "contrastive loss": r"(?i:\bcontrastive\b)",
     "dispatch": r"(?i:\bdispatch(es|ed)?\b)",
     "dropped token": r"(?i:\bdrop(s|ped|ping)?\b(?! whole))",
-    "entropy losses": r"(?i:\bentropy\b)",
+    "entropy losses": r"(?i:(?<!importance )\bentropy\b)",  # importance entropy: a measure (chapter 8), no loss
     "expert": r"(?i:\bexperts?\b(?![- ]choice|-parallel))",
     "expert parallelism": r"(?i:\bexpert[- ]parallel(ism)?\b)",
     "expert pruning": r"(?i:\bprun(e|ed|ing)\b)",

@@ -217,8 +217,9 @@ def test_open_with_notebook_run_all_and_move_the_slider(lab, tmp_path):
         readout = cell.locator(".widget-readout")
         start_value = readout.inner_text()
         # The keyboard moves the slider as a drag does (noUiSlider's handle takes the arrow keys) but sends the
-        # value at once: a mouse drag, timed by Playwright on two busy cores, moved the readout in the CI of
-        # 2026-11-29 and once left the value unsent (continuous_update=False sends it on the drag's end).
+        # value at once. A mouse drag, timed by Playwright on two busy cores, missed the handle in the CI of
+        # 2026-11-29 (the readout stayed), and a retried drag moved the readout but left the value unsent
+        # (continuous_update=False sends it on the drag's end).
         handle = cell.locator(".noUi-handle")
         handle.focus()
         for _ in range(3):

@@ -14,10 +14,14 @@
 # [A-MoD](../docs/glossary.md#term-A-MoD), [dropped token](../docs/glossary.md#term-dropped-token),
 # [expert](../docs/glossary.md#term-expert), [LIMoE](../docs/glossary.md#term-LIMoE),
 # [mixture of experts](../docs/glossary.md#term-mixture-of-experts), [MoD](../docs/glossary.md#term-MoD),
-# [patch](../docs/glossary.md#term-patch), [Soft MoE](../docs/glossary.md#term-Soft-MoE),
-# [token](../docs/glossary.md#term-token), [V-MoE](../docs/glossary.md#term-V-MoE).
+# [patch](../docs/glossary.md#term-patch), [router](../docs/glossary.md#term-router),
+# [Soft MoE](../docs/glossary.md#term-Soft-MoE), [token](../docs/glossary.md#term-token),
+# [V-MoE](../docs/glossary.md#term-V-MoE).
 #
 # </details>
+#
+# ![A Vision Transformer: the image cut into patches, the patch embedding, tokens with a position embedding, L pre-LN
+# encoder blocks, the final norm, pooling and the head](../docs/_static/diagrams/01_vit.svg)
 #
 # Every model in this course -- V-MoE, LIMoE, Soft MoE, Mixture-of-Depths -- is a Vision Transformer (ViT)
 # with one part swapped out. So we start by building the dense ViT of Dosovitskiy et al. (2021) piece by
@@ -31,6 +35,7 @@
 # 5. a small ViT trained on the CPU in about a minute and a half, and what its attention looks at.
 #
 # The last cell trains a paper-size ViT on a real dataset; it runs only when you ask for it (see there).
+# [Routers side by side](../docs/routers.md) shows what the later chapters do to this block's MLP.
 
 # %%
 import os

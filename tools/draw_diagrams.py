@@ -110,6 +110,48 @@ def _pre_ln_block(ax, x, y, routed_text, routed_color, width=2.2):
     return centre
 
 
+def draw_01(ax):
+    """Chapter 1: a ViT -- patches -> tokens (+ position embedding, class token) -> L blocks -> norm, pool, head."""
+    label(ax, 6.5, 6.55, "A Vision Transformer: image -> patches -> tokens -> encoder blocks -> head", size=13,
+          weight="bold")
+    # the image cut into a 3 x 3 grid of patches
+    for i in range(3):
+        for j in range(3):
+            ax.add_patch(Rectangle((0.3 + j * 0.42, 4.2 + i * 0.42), 0.42, 0.42, facecolor=TOKEN if (i + j) % 2
+                                   else "#b9d3ea", edgecolor=EDGE, linewidth=0.8))
+    label(ax, 0.93, 5.65, "image (H, W, 3)", size=8)
+    label(ax, 0.93, 3.95, "cut into P = HW / p^2\npatches of p x p", size=7.5, va="top")
+    box(ax, 1.95, 4.35, 1.7, 0.95, "patch embedding\nconv p x p, stride p\n= one linear map", DENSE, size=7.5)
+    arrow(ax, (1.6, 4.83), (1.95, 4.83))
+    centres = tokens(ax, 4.0, 5.35, [SLOT] + [TOKEN] * 9, size=0.28, gap=0.07, vertical=True)
+    label(ax, 4.14, 5.85, "tokens (P, D)", size=8)
+    label(ax, 4.4, centres[0][1], "class token (option)", size=7.5, ha="left")
+    arrow(ax, (3.65, 4.83), (4.0, 4.6))
+    box(ax, 4.4, 2.45, 1.55, 0.75, "+ position\nembedding\n(learned, P x D)", DENSE, size=7.5)
+    arrow(ax, (4.4, 2.83), (4.3, 2.83))
+    # the stack of L blocks, zoomed on the right
+    box(ax, 6.3, 1.2, 1.6, 3.9, color="#fafafa", dashed=True)
+    for b in range(4):
+        y = 1.45 + b * 0.9
+        box(ax, 6.45, y, 1.3, 0.6, f"block {b}" if b < 3 else "block L-1", DENSE, size=8.5)
+        if b == 2:
+            label(ax, 7.1, y + 0.75, "...", size=10)
+    label(ax, 7.1, 5.28, "L encoder blocks", size=8.5, style="italic")
+    arrow(ax, (4.55, 1.95), (6.45, 1.75))
+    _pre_ln_block(ax, 9.0, 0.9, "MLP: W2 gelu(W1 x)", DENSE, width=2.0)
+    arrow(ax, (7.75, 3.0), (8.75, 3.0), dashed=True, color="#888888")
+    label(ax, 5.6, 0.55, "one block, zoomed: in self-attention every token attends to every token of its\n"
+          "image (the maps can be returned); later chapters swap its MLP for a routed layer", size=7.5)
+    box(ax, 11.7, 4.4, 1.15, 0.5, "LayerNorm", NORM, size=8)
+    box(ax, 11.7, 3.4, 1.15, 0.75, "pool: class\ntoken or mean", NORM, size=7.5)
+    box(ax, 11.7, 2.4, 1.15, 0.75, "head\n-> logits", DENSE, size=8)
+    arrow(ax, (12.27, 4.4), (12.27, 4.15))
+    arrow(ax, (12.27, 3.4), (12.27, 3.15))
+    ax.plot([7.1, 7.1, 12.27], [5.45, 6.2, 6.2], color=EDGE, linewidth=1.2)
+    arrow(ax, (12.27, 6.2), (12.27, 4.9))
+    label(ax, 12.27, 1.95, "logits: one\nper class", size=7.5)
+
+
 def draw_02(ax):
     """Chapter 2: a sparse MoE layer in a pre-LN block; router -> TOP-k -> buffers -> experts -> combine."""
     label(ax, 6.5, 6.55, "A sparse MoE layer replaces the MLP of a pre-LN block", size=13, weight="bold")
@@ -155,7 +197,7 @@ def draw_03(ax):
     # left: the stack
     x = 0.6
     box(ax, x, 0.35, 2.6, 0.55, "image -> 16 x 16 patches\n-> patch embedding", TOKEN, size=8)
-    names = ["block 1: MLP", "block 2: MoE", "block 3: MLP", "block 4: MoE", "...", "block L: MoE"]
+    names = ["block 0: MLP", "block 1: MoE", "block 2: MLP", "block 3: MoE", "...", "block L-1: MoE"]
     for i, name in enumerate(names):
         y = 1.2 + i * 0.72
         if name == "...":
@@ -214,7 +256,10 @@ def draw_04(ax):
     arrow(ax, (1.8, 2.35), (2.05, 2.35))
     box(ax, 3.8, 1.55, 5.55, 4.2, color="#fafafa", dashed=True)
     label(ax, 6.57, 5.5, "one encoder, shared weights, not told which token is text", size=8.5, style="italic")
-    tokens(ax, 4.0, 4.75, [TOKEN] * 5 + [SLOT] * 3, size=0.3, gap=0.06, vertical=True)
+    tokens(ax, 4.0, 4.75, [TOKEN] * 5 + [SLOT] * 2 + [NORM], size=0.3, gap=0.06, vertical=True)
+    label(ax, 4.47, 2.38, "pad", size=6.5, color="#666666")
+    label(ax, 2.1, 0.85, "attention is masked: image tokens attend\nto their image, text tokens to their caption;"
+          "\npadding (grey) is left out of attention,\npooling and every routing loss", size=7.5)
     arrow(ax, (3.55, 4.75), (4.0, 4.5))
     arrow(ax, (3.55, 2.35), (4.0, 2.3))
     for i, moe in enumerate([False, True, False, True]):
@@ -337,7 +382,7 @@ def draw_08(ax):
     label(ax, x + 3.45, 5.55, "upcycled block: every weight but the router copied", size=9, style="italic")
     box(ax, x, 1.0, 6.9, 0.6, "LN -> self-attention -> +  (copied unchanged)", DENSE, size=9)
     box(ax, x, 1.85, 6.9, 0.4, "LayerNorm (copied)", NORM, size=9)
-    box(ax, x, 2.5, 6.9, 0.6, "router: new, random init -> TOP-k gates -> dispatch", ROUTER, size=9)
+    box(ax, x, 2.5, 6.9, 0.6, "router: new, random init -> Experts Choice (each expert picks its top tokens)", ROUTER, size=9)
     for e in range(4):
         ex = x + 0.3 + e * 1.7
         box(ax, ex, 3.4, 1.4, 0.8, f"expert {e + 1}\n= MLP copy" if e < 3 else "...\nexpert E", EXPERT, size=8.5)
@@ -348,11 +393,11 @@ def draw_08(ax):
         arrow(ax, (x + 3.45, y0), (x + 3.45, y1))
     arrow(ax, (mlp[0] + 1.1, mlp[1]), (x + 0.25, 3.8), "copy the trained MLP\ninto every expert", color="#b07020",
           size=8.5, offset=(0.0, 0.15))
-    label(ax, x + 3.45, 0.35, "The upcycled model starts from the dense model's function;\ncontinued training "
-          "teaches the router to split the tokens.", size=8.5)
+    label(ax, x + 3.45, 0.35, "At step 0 it computes the dense function only for tokens whose served gates sum to "
+          "one;\ncontinued training teaches the router to split the tokens.", size=8.5)
 
 
-DIAGRAMS = {"02_moe_layer": draw_02, "03_vmoe_bpr": draw_03, "04_limoe": draw_04, "05_soft_moe": draw_05,
+DIAGRAMS = {"01_vit": draw_01, "02_moe_layer": draw_02, "03_vmoe_bpr": draw_03, "04_limoe": draw_04, "05_soft_moe": draw_05,
             "06_mod": draw_06, "08_upcycling": draw_08}
 
 

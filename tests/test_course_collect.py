@@ -116,3 +116,22 @@ def test_grades_csv_flags_column_joins_reasons_and_keeps_a_lone_one_whole():
     assert flags_text(["not scanned: RecursionError"]) == "not scanned: RecursionError"
     assert flags_text(["a", "b"]) == "a; b" and flags_text([]) == ""
     assert flags_text("not scanned: MemoryError") == "not scanned: MemoryError"  # a record written before the fix
+
+
+def test_collect_prints_no_control_character_of_a_student(tmp_path, capsys):
+    """Entry names are the students' own: an escape sequence (retitle the terminal, clear the screen), a carriage
+    return that would overwrite the line and a newline that would forge one reach the instructor's terminal as
+    spaces (``grade.terminal_text``), in what ``moe-course course collect`` prints."""
+    pytest.importorskip("nbgrader", reason="moe-course course needs the instructor extra")
+    from moe_course.cli import main
+
+    export = tmp_path / "export"
+    export.mkdir()
+    hostile = ["\x1b]0;owned\x07Eve\x1b[2J.txt", "Mallory\rcollected: 99\nok.txt", "Ann.ipynb"]
+    for name in hostile:
+        (export / name).write_text("{}")
+    assert main(["course", "collect", str(export), "--assignment", NAME, "--course-dir", str(tmp_path / "c")]) == 0
+    printed = capsys.readouterr().out
+    assert not [char for char in printed.replace("\n", "") if ord(char) < 32 or ord(char) == 127], repr(printed)
+    assert "collected: 1\n" in printed and "collected: 99" in printed  # the forged line is shown, on a line of its own
+    assert len(printed.splitlines()) == 4, printed  # collected, skipped, one line per skipped entry: none forged

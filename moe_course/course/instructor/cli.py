@@ -72,11 +72,20 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> dict:
-    """Run the ``course`` subcommand in ``args``; returns the summary lines ``moe-course`` prints.
+    """Run the ``course`` subcommand in ``args``; returns the summary lines ``moe-course`` prints, every key and
+    value passed through ``grade.terminal_text`` (student names and error texts are the students' own: no control
+    character of theirs reaches the instructor's terminal).
 
     Raises ValueError for bad input (unknown assignment, missing folder, bad limit), and ImportError with the
     install line when nbgrader is missing.
     """
+    summary = _run(args)
+    from moe_course.course.instructor.grade import terminal_text
+
+    return {terminal_text(key): terminal_text(value) for key, value in summary.items()}
+
+
+def _run(args) -> dict:
     try:
         import nbgrader  # noqa: F401
     except ImportError as err:

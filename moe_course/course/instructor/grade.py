@@ -241,11 +241,22 @@ def csv_cell(value, chars: int = CELL_CHARS):
     invisible character can hide a formula behind it: a student's grade_id or error text cannot become one."""
     if not isinstance(value, str):
         return value
-    marked = "".join("\x00" if unicodedata.category(char) in ("Cc", "Cf") else char for char in value)
-    text = re.sub("\x00+", " ", marked).lstrip()
+    text = terminal_text(value).lstrip()
     if len(text) > chars:
         text = text[:chars - 3] + "..."
     return "'" + text if text.startswith(FORMULA_START) else text
+
+
+def terminal_text(value):
+    """``value`` safe to print on the instructor's terminal: a string's every run of Unicode control and format
+    characters (categories Cc and Cf: escape sequences that move the cursor, recolour or retitle the terminal,
+    carriage returns that overwrite a line, newlines that forge one, right-to-left overrides) becomes one space;
+    anything else is returned as it is. For every student-controlled string a command prints (a student's folder
+    name, an error text): the terminal then shows what the student wrote, never what it would do."""
+    if not isinstance(value, str):
+        return value
+    marked = "".join("\x00" if unicodedata.category(char) in ("Cc", "Cf") else char for char in value)
+    return re.sub("\x00+", " ", marked)
 
 
 def flags_text(flags) -> str:

@@ -128,7 +128,7 @@ def vit_config_from_big_vision(arrays: Mapping[str, np.ndarray], *, image_size: 
 
 def big_vision_plan(config: ViTConfig, arrays: Mapping[str, np.ndarray]) -> Plan:
     """(our parameter, big_vision name, layout change) for every parameter of ``ViT(config)``."""
-    plan = module_plan("patch_embed.proj", "embedding", "linear")
+    plan = module_plan("patch_embed.proj", "embedding", "conv")
     if config.posemb == "learned":
         resize = lambda a: resize_position_embeddings(a, config.num_patches, config.pool == "cls")  # noqa: E731
         plan.append(("pos_embed", _posemb_name(arrays), resize))

@@ -21,7 +21,7 @@ import numpy as np
 import scipy.ndimage
 from flax import nnx
 
-from moe_course.torch.convert import param_at
+from moe_course.models.layouts import KIND_PARAMS, param_at
 
 Plan = list[tuple[str, str, Callable[[np.ndarray], np.ndarray]]]
 
@@ -78,9 +78,9 @@ def attention_plan(ours: str, theirs: str) -> Plan:
 
 
 def module_plan(ours: str, theirs: str, kind: str) -> Plan:
-    """A Dense / Conv ("linear": kernel, bias) or LayerNorm ("norm": scale, bias) at ``theirs`` -> ``ours``."""
-    first = "kernel" if kind == "linear" else "scale"
-    return [(f"{ours}.{first}", f"{theirs}/{first}", keep), (f"{ours}.bias", f"{theirs}/bias", keep)]
+    """A Dense ("linear": kernel, bias), Conv ("conv": the same) or LayerNorm ("norm": scale, bias) at ``theirs``
+    -> ``ours``: flax.linen names and lays out each parameter as we do (``moe_course.models.layouts``)."""
+    return [(f"{ours}.{name}", f"{theirs}/{name}", keep) for name, _, _ in KIND_PARAMS[kind]]
 
 
 def encoder_block_plan(block: int, theirs: str, *, attention: str, mlp: str | None) -> Plan:

@@ -205,7 +205,7 @@ def merge_slots(mu: np.ndarray) -> np.ndarray:
 def vmoe_plan(config: VMoEConfig) -> Plan:
     """(our parameter, vmoe name, layout change) for every parameter of ``VMoE(config)``."""
     resize = lambda a: resize_position_embeddings(a, config.num_patches, config.pool == "cls")  # noqa: E731
-    plan = module_plan("patch_embed.proj", "embedding", "linear") + [("pos_embed", POSEMB, resize)]
+    plan = module_plan("patch_embed.proj", "embedding", "conv") + [("pos_embed", POSEMB, resize)]
     if config.pool == "cls":
         plan.append(("cls_token", "cls", keep))
     moe_blocks = config.moe_blocks()

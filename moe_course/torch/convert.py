@@ -1,15 +1,7 @@
-"""Weights between the Flax NNX models and PyTorch: the one place that knows how each kind of layer lays out
-its parameters in either framework.
+"""Weights between the Flax NNX models and PyTorch state dicts, both ways.
 
-=====================  ==============================================  =====================================
-weight                 PyTorch                                         Flax NNX (ours)
-=====================  ==============================================  =====================================
-convolution            ``weight`` (out, in, p, p)  OIHW                ``kernel`` (p, p, in, out)  HWIO
-linear layers          ``weight`` (out, in); ``bias`` (out,)           ``kernel`` (in, out); ``bias`` (out,)
-LayerNorm              ``weight`` (width,), ``bias``                   ``scale`` (width,), ``bias``
-anything else          the same name and layout (position embeddings, class token, expert kernels
-                       (E, in, out), Soft MoE ``phi`` (width, slots) and ``scale`` ())
-=====================  ==============================================  =====================================
+The names and layouts of each kind of layer are ``moe_course.models.layouts``' table (PyTorch ``weight`` (out, in)
+against our ``kernel`` (in, out), OIHW against HWIO, LayerNorm ``weight`` against ``scale``).
 
 Two users: ``convert_vit`` (Hugging Face transformers' ViT, whose module names differ and are mapped there),
 and the course's own PyTorch twins (``moe_course.torch.models``), whose modules carry exactly the NNX names
@@ -34,48 +26,17 @@ import numpy as np
 from flax import nnx
 
 from moe_course.models import build_model as build_nnx_model
+from moe_course.models.layouts import (
+    KIND_PARAMS,
+    param_at,
+    parameter_entries,
+    to_nnx_layout,
+    to_torch_layout,
+    torch_layout_shape,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
-
-# (our parameter name, PyTorch parameter name, transform) for each kind of module.
-KIND_PARAMS = {
-    "linear": (("kernel", "weight", "linear"), ("bias", "bias", "plain")),
-    "norm": (("scale", "weight", "plain"), ("bias", "bias", "plain")),
-    "conv": (("kernel", "weight", "conv"), ("bias", "bias", "plain")),
-}
-_KIND_OF_MODULE = ((nnx.Linear, "linear"), (nnx.LayerNorm, "norm"), (nnx.Conv, "conv"))
-
-
-def to_nnx_layout(array: np.ndarray, how: str) -> np.ndarray:
-    """A PyTorch-layout array in the NNX layout: "conv" OIHW -> HWIO, "linear" (out, in) -> (in, out), "plain"."""
-    if how == "conv":
-        return array.transpose(2, 3, 1, 0)
-    if how == "linear":
-        return array.T
-    return array
-
-
-def to_torch_layout(array: np.ndarray, how: str) -> np.ndarray:
-    """An NNX-layout array in PyTorch's layout (the inverse of ``to_nnx_layout``)."""
-    if how == "conv":
-        return array.transpose(3, 2, 0, 1)
-    if how == "linear":
-        return array.T
-    return array
-
-
-def torch_layout_shape(shape: tuple[int, ...], how: str) -> tuple[int, ...]:
-    """The PyTorch-layout shape of an NNX parameter of ``shape``."""
-    return tuple(to_torch_layout(np.empty(shape, dtype=np.int8), how).shape)
-
-
-def param_at(model: nnx.Module, path: str) -> nnx.Param:
-    """The parameter at a dotted path, e.g. "blocks.1.attn.query.kernel" (numbers index lists)."""
-    obj: Any = model
-    for part in path.split("."):
-        obj = obj[int(part)] if part.isdigit() else getattr(obj, part)
-    return obj
 
 
 def as_numpy(key: str, value: Any) -> np.ndarray:
@@ -95,25 +56,6 @@ def format_keys(keys: list[str], limit: int = 20) -> str:
     """At most ``limit`` keys, quoted, then how many more."""
     shown = ", ".join(repr(k) for k in keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-def parameter_entries(model: nnx.Module) -> list[tuple[str, str, str]]:
-    """(NNX parameter path, PyTorch state-dict key, transform) for every parameter of ``model``, in the order
-    ``nnx.iter_graph`` visits them. The owning module's kind decides the PyTorch name and layout (see the
-    module docstring); parameters of other modules keep their names."""
-    modules = {path: node for path, node in nnx.iter_graph(model) if isinstance(node, nnx.Module)}
-    entries = []
-    for path, node in nnx.iter_graph(model):
-        if not isinstance(node, nnx.Param):
-            continue
-        owner, name = modules[path[:-1]], path[-1]
-        prefix = ".".join(map(str, path[:-1]))
-        kind = next((kind for cls, kind in _KIND_OF_MODULE if isinstance(owner, cls)), None)
-        torch_name, how = name, "plain"
-        if kind is not None:
-            torch_name, how = next((theirs, how) for ours, theirs, how in KIND_PARAMS[kind] if ours == name)
-        entries.append((".".join(map(str, path)), f"{prefix}.{torch_name}" if prefix else torch_name, how))
-    return entries
 
 
 def torch_state_dict(model: nnx.Module) -> dict[str, "torch.Tensor"]:
@@ -160,7 +102,7 @@ def to_torch(model: nnx.Module) -> "torch.nn.Module":
     """The PyTorch twin of an NNX model (ViT, VMoE, SoftMoEViT or MoDViT), built from ``model.config`` (routing
     settings included) with every weight copied; float32, CPU, eval mode. Raises ValueError for a model
     without a known config. Needs torch."""
-    from moe_course.torch.models import build_model
+    from moe_course.torch.models.build import build_model
 
     twin = build_model(model.config)
     twin.load_state_dict(torch_state_dict(model), strict=True)

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import torch
-
-from moe_course.configs.mod import MoDConfig
-from moe_course.configs.soft_moe import SoftMoEConfig
-from moe_course.configs.vit import ViTConfig
-from moe_course.configs.vmoe import VMoEConfig
 # with_routing / temporary_routing only set config fields and layer attributes: the JAX functions serve both.
 from moe_course.models.vmoe import temporary_routing, with_routing
+from moe_course.torch.models.build import build_model
 from moe_course.torch.models.mod import MoDViT
 from moe_course.torch.models.soft_moe import SoftMoEViT
 from moe_course.torch.models.upcycling import upcycle
 from moe_course.torch.models.vit import ViT
 from moe_course.torch.models.vmoe import VMoE
-
-_MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE, SoftMoEConfig: SoftMoEViT, MoDConfig: MoDViT}
-
-
-def build_model(config) -> torch.nn.Module:
-    """The PyTorch model a config describes (ViTConfig -> ViT, ...). Raises ValueError for an unknown config type."""
-    cls = _MODEL_FOR_CONFIG.get(type(config))
-    if cls is None:
-        raise ValueError(f"no model for config type {type(config).__name__}; known: "
-                         f"{[c.__name__ for c in _MODEL_FOR_CONFIG]}")
-    return cls(config)
-
 
 __all__ = ["MoDViT", "SoftMoEViT", "VMoE", "ViT", "build_model", "temporary_routing", "upcycle", "with_routing"]

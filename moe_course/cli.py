@@ -530,10 +530,11 @@ def _final_split(dataset) -> str | None:
 
 
 def _evaluate_reference(args) -> dict:
-    """``evaluate --checkpoint``: a vmoe / big_vision checkpoint on --dataset (pixels scaled to [-1, 1])."""
+    """``evaluate --checkpoint``: a vmoe / big_vision checkpoint on --dataset (the model maps the pixels to the
+    [-1, 1] it was trained on: ``load_reference``)."""
     from moe_course.data import load_dataset
     from moe_course.models import with_routing
-    from moe_course.reference.evaluate import SignedPixels, load_reference
+    from moe_course.reference.evaluate import load_reference
 
     if args.format is None:
         raise ValueError(f"--checkpoint needs --format ({' or '.join(REFERENCE_FORMATS)})")
@@ -558,7 +559,7 @@ def _evaluate_reference(args) -> dict:
                          f"{model.config.num_classes}")
     summary = {"checkpoint": args.checkpoint, "format": args.format, "split": args.split,
                "image_size": model.config.image_size, **routing}
-    return summary | _test_metrics(model, SignedPixels(dataset), args.split, args.batch_size)
+    return summary | _test_metrics(model, dataset, args.split, args.batch_size)
 
 
 def _file_error(err: Exception) -> str:

@@ -330,3 +330,24 @@ def test_qk_norm_checkpoints_are_refused_by_name():
     with pytest.raises(ValueError, match="key_ln.*QK-norm checkpoints are not supported"):
         vmoe_from_checkpoint({**arrays, **qk}, model_config)
 
+
+
+@pytest.mark.parametrize("case", ["bv_tok", "vmoe_small_bpr"])
+def test_load_reference_takes_the_unit_pixels_of_the_course_datasets(case):
+    """Both reference codes train on pixels in [-1, 1]: the model ``load_reference`` returns maps [0, 1] images to
+    that range itself (``value_range="signed"``), so its logits on a course dataset's [0, 1] images are the
+    stored model's on the same images in [-1, 1] -- the fixtures' reference logits -- and not those of [0, 1] fed
+    to the stored model unchanged."""
+    if case == "bv_tok":
+        stored, fmt, config = vit_from_big_vision(FIXTURES / f"{case}.npz"), "big_vision", None
+        path = FIXTURES / f"{case}.npz"
+    else:
+        config = json.loads((FIXTURES / f"{case}.model.json").read_text())
+        path, fmt = FIXTURES / case, "vmoe"
+        stored = vmoe_from_checkpoint(path, config)
+    loaded = load_reference(path, fmt, model_config=config)
+    assert (stored.config.value_range, loaded.config.value_range) == ("unit", "signed")
+    signed = jnp.asarray(outputs(case)["images"])  # the fixtures' images are drawn in [-1, 1]
+    unit = (signed + 1) / 2
+    np.testing.assert_allclose(np.asarray(loaded(unit).logits), np.asarray(stored(signed).logits), atol=1e-4)
+    assert np.max(np.abs(np.asarray(loaded(unit).logits) - np.asarray(stored(unit).logits))) > 1e-2

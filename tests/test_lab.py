@@ -301,10 +301,9 @@ def test_the_exercise_path_leaves_git_status_clean(clone, tmp_path):
         # README: open the copy from the file browser's mywork/ folder, fill the first answer, save
         _file_browser_item(page, url, "mywork", f"{EXERCISE}.ipynb").dblclick()
         notebook = _current_notebook(page, f"{EXERCISE}.ipynb")
-        cell = notebook.locator(".jp-CodeCell", has_text="raise NotImplementedError()").first
-        cell.locator(".cm-content").click()
-        page.keyboard.press("Control+a")
-        page.keyboard.insert_text(answer)
+        handout = _cell_source(copy, first_id)
+        cell = notebook.locator(".jp-CodeCell", has_text=handout.splitlines()[0]).first  # that answer's cell
+        _fill_cell(page, cell, answer)
         page.keyboard.press("Control+s")
         deadline = time.monotonic() + LOAD_TIMEOUT
         while "raise NotImplementedError()" in _cell_source(copy, first_id):
@@ -328,6 +327,27 @@ def test_the_exercise_path_leaves_git_status_clean(clone, tmp_path):
         time.sleep(AUTOSAVE + SETTLE)
         status = subprocess.run(["git", "status", "--porcelain"], cwd=clone, capture_output=True, text=True)
         assert status.stdout.split() == ["M", f"exercises/{EXERCISE}.ipynb"], status.stdout
+
+
+def _fill_cell(page, cell, text: str, attempts: int = 3) -> None:
+    """Replace the source of ``cell`` with ``text`` by typing, as a learner does, and wait until its editor shows
+    it. A click that lands while Lab is still rendering the notebook leaves the editor unfocused, and the keys then
+    go to the notebook (CI of 2026-12-02: the save that followed wrote the blank answer), so the click is retried."""
+    from playwright.sync_api import Error, expect
+
+    longest = max(text.splitlines(), key=lambda line: len(line.strip())).strip()
+    editor = cell.locator(".cm-content")
+    for attempt in range(attempts):
+        editor.click()
+        expect(editor).to_be_focused(timeout=LOAD_TIMEOUT * 1000)
+        page.keyboard.press("Control+a")
+        page.keyboard.insert_text(text)
+        try:
+            expect(editor).to_contain_text(longest, timeout=5_000)
+            return
+        except (AssertionError, Error):
+            if attempt == attempts - 1:
+                raise
 
 
 def _cell_source(notebook: Path, grade_id: str) -> str:

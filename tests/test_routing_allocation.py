@@ -264,6 +264,29 @@ def test_experts_choice_equals_literal_selection(capacity):
     np.testing.assert_array_equal(allocation.expert_fill, capacity)
 
 
+@pytest.mark.parametrize("capacity", [1, 3, 12])
+def test_token_normalized_experts_choice_equals_a_literal_loop(capacity):
+    """combine_weights="token_normalized": a loop over tokens, then over the experts that took the token, divides
+    each of its router probabilities by their sum (sparse upcycling, Sec. 2.2); untaken tokens have no weight."""
+    probs = jax.nn.softmax(jax.random.normal(jax.random.key(capacity), (GROUPS, TOKENS, EXPERTS)))
+    raw = experts_choice_allocation(probs, capacity)
+    choice = experts_choice_allocation(probs, capacity, combine_weights="token_normalized")
+    np.testing.assert_array_equal(choice.token_index, raw.token_index)
+    probs, token_index, weights = np.asarray(probs), np.asarray(choice.token_index), np.asarray(choice.weights)
+    for g in range(GROUPS):
+        for t in range(TOKENS):
+            takers = [(e, b) for e in range(EXPERTS) for b in range(capacity) if token_index[g, e, b] == t]
+            total = sum(float(probs[g, t, e]) for e, _ in takers)
+            for e, b in takers:
+                assert abs(weights[g, e, b] - probs[g, t, e] / total) < 1e-6
+            if takers:
+                assert abs(sum(float(weights[g, e, b]) for e, b in takers) - 1) < 1e-6
+    if capacity == 1:
+        assert not np.allclose(weights, raw.weights)  # the option changes something the test can see
+    with pytest.raises(ValueError, match="combine_weights='sum'.*probabilities.*token_normalized"):
+        experts_choice_allocation(jnp.asarray(probs), capacity, combine_weights="sum")
+
+
 # ---- invalid inputs ------------------------------------------------------------------------------------
 
 

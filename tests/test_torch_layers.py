@@ -55,11 +55,14 @@ SPARSE_CASES = [  # (allocation, k, capacity_ratio, dispatch)
 ]
 
 
-@pytest.mark.parametrize("allocation,k,capacity_ratio,dispatch", SPARSE_CASES)
+@pytest.mark.parametrize("allocation,k,capacity_ratio,dispatch,combine_weights",
+                         [(*case, "probabilities") for case in SPARSE_CASES]
+                         + [("experts_choice", 2, 0.5, "einsum", "token_normalized")])
 @pytest.mark.parametrize("training", [False, True])
-def test_sparse_moe(allocation, k, capacity_ratio, dispatch, training):
+def test_sparse_moe(allocation, k, capacity_ratio, dispatch, combine_weights, training):
     settings = dict(k=k, capacity_ratio=capacity_ratio, group_size=2, allocation=allocation, dispatch=dispatch,
-                    skip_keep_fraction=0.75, noise_std=0.3 if allocation == "bpr" else None)
+                    skip_keep_fraction=0.75, noise_std=0.3 if allocation == "bpr" else None,
+                    combine_weights=combine_weights)
     ours = jl.SparseMoE(WIDTH, HIDDEN, EXPERTS, rngs=nnx.Rngs(0), **settings)
     twin = twin_of(ours, tl.SparseMoE(WIDTH, HIDDEN, EXPERTS, **settings)).train(training)
     rng = np.random.default_rng(k)

@@ -101,12 +101,13 @@ def test_allocation(method, score, keep, k, capacity):
     assert (twin.capacity, twin.num_experts) == (ours.capacity, ours.num_experts)
 
 
+@pytest.mark.parametrize("combine_weights", jr.COMBINE_WEIGHTS)
 @pytest.mark.parametrize("capacity", [1, 4, T])
-def test_experts_choice(capacity):
+def test_experts_choice(capacity, combine_weights):
     _, _, probs = routed(1, seed=capacity)
     probs[0, 2] = np.nan
-    ours = jr.experts_choice_allocation(jnp.asarray(probs), capacity)
-    twin = tr.experts_choice_allocation(to_torch(probs), capacity)
+    ours = jr.experts_choice_allocation(jnp.asarray(probs), capacity, combine_weights=combine_weights)
+    twin = tr.experts_choice_allocation(to_torch(probs), capacity, combine_weights=combine_weights)
     assert_same(ours.token_index, twin.token_index, exact=True, name="token_index")
     assert_same(ours.weights, twin.weights, name="weights")
     ours_alloc, twin_alloc = jr.experts_choice_as_allocation(ours, T), tr.experts_choice_as_allocation(twin, T)

@@ -229,3 +229,35 @@ def test_importance_entropy_and_unserved_fraction_of_a_routing_record():
     assert importance_entropy(experts_choice) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="serves no choice"):
         importance_entropy(record([[0]] * 4, [[0.5]] * 4, [[False]] * 4))
+
+
+def test_token_normalized_experts_choice_computes_the_dense_function_for_every_served_token():
+    """Expert Choice at the paper's C = 2 with combine_weights="token_normalized" (Komatsuzaki et al. 2023,
+    Sec. 2.2): every token at least one expert took gets exactly the dense MLP's output from the MoE layer, and one
+    no expert took gets 0; the raw router probabilities scale it instead. With C = E every expert takes every
+    token, and the whole upcycled model's logits are the dense model's at step 0."""
+    dense = _trained_looking_dense()
+    ec = dict(allocation="experts_choice", k=1, capacity_ratio=2.0, combine_weights="token_normalized")
+    tokens = jax.random.normal(jax.random.key(3), (2, 16, 32))
+    dense_mlp = np.asarray(dense.blocks[1].mlp(tokens))
+    for capacity_ratio in (2.0, 0.5):  # 0.5 leaves tokens no expert takes: the second branch is checked
+        out = upcycle(dense, _moe(**{**ec, "capacity_ratio": capacity_ratio})).blocks[1].mlp(tokens)
+        served = np.asarray(out.routing.served.any(-1)).reshape(2, 16)
+        assert served.any() and (capacity_ratio == 2.0 or not served.all())
+        np.testing.assert_allclose(np.asarray(out.output)[served], dense_mlp[served], atol=1e-5, rtol=1e-5)
+        np.testing.assert_array_equal(np.asarray(out.output)[~served], 0.0)
+    out = upcycle(dense, _moe(**ec)).blocks[1].mlp(tokens)
+    served = np.asarray(out.routing.served.any(-1)).reshape(2, 16)
+    raw = upcycle(dense, _moe(**{**ec, "combine_weights": "probabilities"})).blocks[1].mlp(tokens)
+    assert np.abs(np.asarray(raw.output)[served] - dense_mlp[served]).max() > 1e-2
+    moe = upcycle(dense, _moe(**{**ec, "capacity_ratio": float(E)}))
+    gap = float(np.abs(np.asarray(moe(_images()).logits) - np.asarray(dense(_images()).logits)).max())
+    print(f"max |logit difference| at step 0, token-normalised Expert Choice, every token served: {gap:.3g}")
+    assert gap < 2e-5
+
+
+def test_combine_weights_other_than_the_router_probabilities_need_experts_choice():
+    with pytest.raises(ValueError, match="combine_weights='token_normalized' is only allowed with allocation="):
+        _moe(combine_weights="token_normalized").validate()
+    with pytest.raises(ValueError, match="combine_weights"):
+        _moe(allocation="experts_choice", combine_weights="mean").validate()

@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from moe_course.checks import check_flag, check_integers, check_number
 from moe_course.configs.vit import GLYPHS_TINY, JFT_CLASSES, VIT_S16_I1K, ViTConfig
+from moe_course.routing.allocation import COMBINE_WEIGHTS
 from moe_course.routing.capacity import ROUNDINGS, expert_capacity
 
 PLACEMENTS = ("every-2", "last-n", "second-half")
@@ -50,6 +51,10 @@ class VMoEConfig(ViTConfig):
     capacity_multiple_of: None, or raise every B_e to the next multiple of it, as vmoe's dispatcher does by
     default (``capacity_multiple_of=4``, with ``capacity_rounding="ceil"``; ``moe_course.reference.vmoe`` sets both).
     dispatch: "gather" (index based, memory linear in group size) or "einsum" (one-hot).
+    combine_weights: Expert Choice's combine weights, "probabilities" (the router's, Zhou et al.) or
+    "token_normalized" (each token's divided by their sum over the experts that took it, as sparse upcycling
+    does for vision: Komatsuzaki et al. 2023, Sec. 2.2); only allowed to differ from the default with
+    allocation="experts_choice".
     check_finite: debug mode. Every MoE layer checks, with ``jax.experimental.checkify``, that its input
     tokens and router logits are finite; the training and evaluation steps then raise an error naming the
     layer and the routing group of the first non-finite token (see ``SparseMoE``). Off by default: the
@@ -74,12 +79,13 @@ class VMoEConfig(ViTConfig):
     capacity_multiple_of: int | None = None
     dispatch: str = "gather"
     aux_loss_reduction: str = "mean"
+    combine_weights: str = "probabilities"
     check_finite: bool = False
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         **ViTConfig.CHOICES, "placement": PLACEMENTS, "allocation": ALLOCATIONS, "priority": PRIORITIES,
         "router_order": ROUTER_ORDERS, "dispatch": DISPATCHES, "capacity_rounding": ROUNDINGS,
-        "aux_loss_reduction": AUX_LOSS_REDUCTIONS,
+        "aux_loss_reduction": AUX_LOSS_REDUCTIONS, "combine_weights": COMBINE_WEIGHTS,
     }
 
     def moe_blocks(self) -> tuple[int, ...]:
@@ -106,6 +112,10 @@ class VMoEConfig(ViTConfig):
         check_number(self, "expert_dropout", minimum=0, maximum=1, below_maximum=True)
         check_number(self, "aux_loss_weight", minimum=0)
         check_flag(self, "check_finite")
+        if self.combine_weights != "probabilities" and self.allocation != "experts_choice":
+            raise ValueError(f"combine_weights={self.combine_weights!r} is only allowed with "
+                             f"allocation='experts_choice' (allocation={self.allocation!r}); use "
+                             f"combine_weights='probabilities'")
         if self.capacity_rounding == "vmoe_round":  # vmoe raises where the capacity rounds to 0: say so now
             tokens_per_group = self.group_size * self.num_tokens
             with warnings.catch_warnings():

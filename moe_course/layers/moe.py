@@ -81,7 +81,7 @@ def route(routing, layer, logits, token_mask=None, **noise):
             raise ValueError("token_mask is not supported with allocation='experts_choice'; use a token-choice "
                              "allocation ('vanilla', 'bpr', 'skip_patch')")
         probs = routing.router_probabilities(logits, noise_std=layer.noise_std, **noise)
-        choice = routing.experts_choice_allocation(probs, capacity)
+        choice = routing.experts_choice_allocation(probs, capacity, combine_weights=layer.combine_weights)
         return routing.experts_choice_as_allocation(choice, num_tokens), None
     keep = getattr(layer, "expert_keep", None)  # pruned experts (LIMoE App. E.4), set by models.pruned_experts
     if keep is None:
@@ -120,7 +120,9 @@ class SparseMoE(nnx.Module):
     skip_keep_fraction, dispatch) are plain attributes: change them on a trained layer (Sec. 3.1, App. E.4),
     or use ``moe_course.models.with_routing`` for a whole model.
     Experts choice (Zhou et al. 2022) gives every expert the same B_e = round(k*N*C/E) slots, so on average
-    a token is processed by k*C experts, the compute of token choice at the same k and C.
+    a token is processed by k*C experts, the compute of token choice at the same k and C. combine_weights
+    (Expert Choice only): "probabilities" (the router's) or "token_normalized" (each token's divided by their
+    sum, as sparse upcycling does for vision; ``routing.token_normalized_weights``).
     Raises ValueError for a batch that is not a multiple of group_size.
     Precision: dtype / param_dtype are the experts' computation and parameter dtypes (Flax's fields). The
     router always computes its logits in float32 (its kernel cast up), and the softmax, top-k, priorities,
@@ -148,13 +150,13 @@ class SparseMoE(nnx.Module):
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
                  layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None,
-                 dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
+                 combine_weights: str = "probabilities", dtype=jnp.float32, param_dtype=jnp.float32, rngs: nnx.Rngs):
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
-        self.capacity_multiple_of = capacity_multiple_of
+        self.capacity_multiple_of, self.combine_weights = capacity_multiple_of, combine_weights
         self.check_finite, self.layer_name = check_finite, layer_name
         self.mesh = None  # the jax.sharding.Mesh that parallel.use_mesh put the layer on, or None
         # expert_apply(groups, routed, layer, deterministic=, rngs=) -> outputs, or None for one device;

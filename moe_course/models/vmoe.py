@@ -12,7 +12,8 @@ from moe_course.configs.vmoe import VMoEConfig
 from moe_course.layers.moe import SparseMoE
 from moe_course.models.vit import ViT, count_params, precision
 
-ROUTING_SETTINGS = ("k", "capacity_ratio", "allocation", "priority", "skip_keep_fraction", "dispatch")
+ROUTING_SETTINGS = ("k", "capacity_ratio", "allocation", "priority", "skip_keep_fraction", "dispatch",
+                    "combine_weights")
 
 
 def sparse_moe_settings(config: VMoEConfig, block: int) -> dict:
@@ -22,7 +23,8 @@ def sparse_moe_settings(config: VMoEConfig, block: int) -> dict:
                 priority=c.priority, skip_keep_fraction=c.skip_keep_fraction, router_order=c.router_order,
                 noise_std=c.noise_std, expert_dropout=c.expert_dropout, aux_loss_weight=c.aux_loss_weight,
                 capacity_rounding=c.capacity_rounding,
-                capacity_multiple_of=c.capacity_multiple_of, dispatch=c.dispatch, check_finite=c.check_finite,
+                capacity_multiple_of=c.capacity_multiple_of, combine_weights=c.combine_weights, dispatch=c.dispatch,
+                check_finite=c.check_finite,
                 layer_name=f"block {block} MoE", gelu=c.gelu)
 
 
@@ -55,8 +57,8 @@ class VMoE(ViT):
 def with_routing(model: VMoE, **settings) -> VMoE:
     """Change the routing of every MoE layer of a (trained) V-MoE in place and return it (V-MoE Sec. 4, App. E.4).
 
-    settings: any of k, capacity_ratio, allocation, priority, skip_keep_fraction, dispatch. The model's
-    config is updated too, and validated first: an unknown setting or a bad value raises ValueError and
+    settings: any of k, capacity_ratio, allocation, priority, skip_keep_fraction, dispatch, combine_weights. The
+    model's config is updated too, and validated first: an unknown setting or a bad value raises ValueError and
     changes nothing. The next call re-traces with the new routing; the weights are untouched.
     """
     unknown = sorted(set(settings) - set(ROUTING_SETTINGS))

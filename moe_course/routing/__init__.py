@@ -12,6 +12,7 @@ Mixture-of-Depths token selection (standard and attention routing) is in mod.py.
 """
 
 from moe_course.routing.allocation import (
+    COMBINE_WEIGHTS,
     METHODS,
     SCORES,
     Allocation,
@@ -21,6 +22,7 @@ from moe_course.routing.allocation import (
     batch_prioritized_allocation,
     experts_choice_allocation,
     experts_choice_as_allocation,
+    token_normalized_weights,
     kept_tokens,
     priority_scores,
     skip_patch_allocation,
@@ -133,6 +135,7 @@ __all__ = [
     "ENTROPY_LOSSES",
     "JOINT_LOSSES",
     "LIMOE_AUX_WEIGHT",
+    "COMBINE_WEIGHTS",
     "METHODS",
     "MODALITIES",
     "MOD_ROUTERS",
@@ -172,6 +175,7 @@ __all__ = [
     "expert_capacity",
     "experts_choice_allocation",
     "experts_choice_as_allocation",
+    "token_normalized_weights",
     "gather_combine",
     "gather_dispatch",
     "gather_tokens",

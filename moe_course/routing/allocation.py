@@ -42,6 +42,7 @@ from moe_course.routing.checks import (
 )
 
 METHODS = ("vanilla", "bpr", "skip_patch")
+COMBINE_WEIGHTS = ("probabilities", "token_normalized")  # Expert Choice combine weights
 SCORES = ("max", "sum")
 
 
@@ -286,28 +287,50 @@ class ExpertsChoice(NamedTuple):
     """Experts-choice routing result (Zhou et al. 2022): every expert's B chosen tokens.
 
     token_index: (groups, experts, capacity) int32 -- the tokens expert e takes, best first (ties: lower
-        token index first). weights: (groups, experts, capacity) float -- their router probabilities, used
-        as combine weights. A token may be taken by several experts or by none.
+        token index first). weights: (groups, experts, capacity) float -- their combine weights (see
+        ``experts_choice_allocation``). A token may be taken by several experts or by none.
     """
 
     token_index: jax.Array
     weights: jax.Array
 
 
-def experts_choice_allocation(probs: jax.Array, capacity: int) -> ExpertsChoice:
+def token_normalized_weights(token_index: jax.Array, weights: jax.Array, num_tokens: int) -> jax.Array:
+    """Each token's Expert Choice weights divided by their sum over the experts that took it.
+
+    token_index, weights: (groups, experts, capacity), as in ``ExpertsChoice``. Returns weights of that shape
+    whose entries for one token sum to 1 (a token no expert took has none). Sparse upcycling for vision
+    (Komatsuzaki et al., ICLR 2023, arXiv 2212.05055, Sec. 2.2 on the router) normalises so to soften the drop
+    after the model surgery: with identical experts, each token then gets exactly the dense MLP's output.
+    """
+    groups = weights.shape[0]
+    g = jnp.arange(groups)[:, None, None]
+    total = jnp.zeros((groups, num_tokens), weights.dtype).at[g, token_index].add(weights)
+    return weights / total[g, token_index]
+
+
+def experts_choice_allocation(probs: jax.Array, capacity: int, *,
+                              combine_weights: str = "probabilities") -> ExpertsChoice:
     """Each expert takes the ``capacity`` tokens of its group with the highest router probability.
 
     probs: (groups, tokens, experts) float, e.g. ``RouterOutput.probs``. capacity: 1 <= B <= tokens; Zhou et
     al. use B = tokens * c / E with capacity factor c (``expert_capacity(1, tokens, c, E)``).
-    Raises ValueError naming probs or capacity when they are not allowed.
+    combine_weights: "probabilities" (Zhou et al.: the router probabilities themselves) or "token_normalized"
+    (each token's weights divided by their sum over the experts that took it; ``token_normalized_weights``).
+    Raises ValueError naming probs, capacity or combine_weights when they are not allowed.
     """
     check_ndim("probs", probs, 3, "(groups, tokens, experts)")
     check_floating("probs", probs)
     capacity = check_int("capacity", capacity, minimum=1, maximum=jnp.shape(probs)[1])
+    check_choice("combine_weights", combine_weights, COMBINE_WEIGHTS)
+    num_tokens = jnp.shape(probs)[1]
     probs = jnp.swapaxes(jnp.asarray(probs), 1, 2)  # (G, E, T)
     scores = jnp.where(_nonfinite(jnp.swapaxes(probs, 1, 2))[:, None, :], -jnp.inf, probs)  # non-finite last
     token_index = jax.lax.top_k(scores, capacity)[1]
-    return ExpertsChoice(token_index.astype(jnp.int32), jnp.take_along_axis(probs, token_index, axis=2))
+    weights = jnp.take_along_axis(probs, token_index, axis=2)
+    if combine_weights == "token_normalized":
+        weights = token_normalized_weights(token_index, weights, num_tokens)
+    return ExpertsChoice(token_index.astype(jnp.int32), weights)
 
 
 def experts_choice_as_allocation(choice: ExpertsChoice, num_tokens: int) -> Allocation:

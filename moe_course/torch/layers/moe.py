@@ -39,14 +39,15 @@ class SparseMoE(torch.nn.Module):
                  skip_keep_fraction: float = 1.0, router_order: str = "softmax_then_topk",
                  noise_std: float | None = None, expert_dropout: float = 0.0, aux_loss_weight: float = 0.01,
                  capacity_rounding: str = "round", dispatch: str = "gather", check_finite: bool = False,
-                 layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None):
+                 layer_name: str = "MoE layer", gelu: str = "exact", capacity_multiple_of: int | None = None,
+                 combine_weights: str = "probabilities"):
         super().__init__()
         self.num_experts = num_experts
         self.k, self.capacity_ratio, self.group_size = k, capacity_ratio, group_size
         self.allocation, self.priority, self.skip_keep_fraction = allocation, priority, skip_keep_fraction
         self.router_order, self.noise_std, self.aux_loss_weight = router_order, noise_std, aux_loss_weight
         self.capacity_rounding, self.dispatch = capacity_rounding, dispatch
-        self.capacity_multiple_of = capacity_multiple_of
+        self.capacity_multiple_of, self.combine_weights = capacity_multiple_of, combine_weights
         self.check_finite, self.layer_name = check_finite, layer_name
         self.router = linear(width, num_experts, bias=False)
         self.experts = Experts(num_experts, width, hidden, dropout=expert_dropout, gelu=gelu)

@@ -25,6 +25,7 @@ from moe_course.routing.capacity import (
 )
 
 from moe_course.torch.routing.allocation import (
+    COMBINE_WEIGHTS,
     METHODS,
     SCORES,
     Allocation,
@@ -35,6 +36,7 @@ from moe_course.torch.routing.allocation import (
     experts_choice_allocation,
     experts_choice_as_allocation,
     kept_tokens,
+    token_normalized_weights,
     priority_scores,
     skip_patch_allocation,
     vanilla_allocation,
@@ -136,7 +138,7 @@ def expert_capacity(*args, **kwargs) -> int:
 
 
 __all__ = [
-    "AUX_LOSS_WEIGHT", "Allocation", "AuxLosses", "CLASSIC_LOSSES", "CapacityRoundingWarning", "ENTROPY_LOSSES",
+    "AUX_LOSS_WEIGHT", "Allocation", "COMBINE_WEIGHTS", "token_normalized_weights", "AuxLosses", "CLASSIC_LOSSES", "CapacityRoundingWarning", "ENTROPY_LOSSES",
     "ExpertsChoice", "IMPLEMENTATIONS", "JOINT_LOSSES", "LIMOE_AUX_WEIGHT", "METHODS", "MODALITIES", "MOD_ROUTERS", "MoDSelection",
     "MultimodalAuxLosses", "NORM_EPS", "ORDERS", "PADDING", "PER_MODALITY_LOSSES", "PRUNING_MODES",
     "RATIO_WARNING_TOLERANCE", "ROUNDINGS", "RouterOutput", "SCORES", "SoftRouting", "add_router_noise", "allocate",

@@ -13,12 +13,12 @@ from typing import NamedTuple
 
 import torch
 
-from moe_course.routing.allocation import METHODS, SCORES, check_choice_arrays, kept_tokens
+from moe_course.routing.allocation import COMBINE_WEIGHTS, METHODS, SCORES, check_choice_arrays, kept_tokens
 from moe_course.routing.checks import check_choice, check_floating, check_int, check_ndim
 from moe_course.torch.routing.router import top_k
 
-__all__ = ["METHODS", "SCORES", "Allocation", "ExpertsChoice", "allocate", "allocate_in_order",
-           "batch_prioritized_allocation", "experts_choice_allocation", "experts_choice_as_allocation",
+__all__ = ["COMBINE_WEIGHTS", "METHODS", "SCORES", "Allocation", "ExpertsChoice", "allocate", "allocate_in_order",
+           "batch_prioritized_allocation", "experts_choice_allocation", "experts_choice_as_allocation", "token_normalized_weights",
            "kept_tokens", "one_hot", "priority_scores", "skip_patch_allocation", "vanilla_allocation"]
 
 
@@ -184,16 +184,30 @@ class ExpertsChoice(NamedTuple):
     weights: torch.Tensor
 
 
-def experts_choice_allocation(probs: torch.Tensor, capacity: int) -> ExpertsChoice:
+def token_normalized_weights(token_index: torch.Tensor, weights: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """As the JAX function: each token's weights (groups, experts, capacity) divided by their sum over the
+    experts that took it (sparse upcycling, Komatsuzaki et al. 2023, Sec. 2.2)."""
+    index = token_index.long().flatten(1)
+    total = weights.new_zeros((weights.shape[0], num_tokens)).scatter_add(1, index, weights.flatten(1))
+    return weights / torch.gather(total, 1, index).view_as(weights)
+
+
+def experts_choice_allocation(probs: torch.Tensor, capacity: int, *,
+                              combine_weights: str = "probabilities") -> ExpertsChoice:
     """Each expert takes the ``capacity`` tokens of its group with the highest router probability (ties: lower
-    token index first; tokens with non-finite probabilities last). probs: (groups, tokens, experts)."""
+    token index first; tokens with non-finite probabilities last). probs: (groups, tokens, experts).
+    combine_weights: "probabilities" or "token_normalized", as in the JAX function."""
     check_ndim("probs", probs, 3, "(groups, tokens, experts)")
     check_floating("probs", probs)
     capacity = check_int("capacity", capacity, minimum=1, maximum=probs.shape[1])
+    check_choice("combine_weights", combine_weights, COMBINE_WEIGHTS)
     by_expert = probs.transpose(1, 2)  # (G, E, T)
     scores = torch.where(_nonfinite(probs)[:, None, :], -torch.inf, by_expert)
     token_index = top_k(scores, capacity)[1]
-    return ExpertsChoice(token_index.int(), torch.gather(by_expert, 2, token_index))
+    weights = torch.gather(by_expert, 2, token_index)
+    if combine_weights == "token_normalized":
+        weights = token_normalized_weights(token_index, weights, probs.shape[1])
+    return ExpertsChoice(token_index.int(), weights)
 
 
 def experts_choice_as_allocation(choice: ExpertsChoice, num_tokens: int) -> Allocation:

@@ -13,14 +13,16 @@ from moe_course.parallel.sharding import (
     annotate, annotated_specs, batch_sharding, expert_and_shared_params, expert_module_paths, named_shardings,
     param_partition_specs, put, put_tree, replicated, shard_batch, shard_model, state_shardings, use_mesh,
 )
-from moe_course.parallel.training import check_mesh_fits, shard_training_state
+from moe_course.parallel.training import (
+    abstract_training_state, check_mesh_fits, init_training_state, shard_training_state,
+)
 
 __all__ = [
-    "AXES", "DATA", "EXPERT", "all_to_all_bytes", "all_to_all_elements", "annotate", "annotated_specs",
+    "AXES", "DATA", "EXPERT", "abstract_training_state", "all_to_all_bytes", "all_to_all_elements", "annotate", "annotated_specs",
     "apply_experts_parallel", "assemble_batch", "axis_size", "batch_axes", "batch_sharding", "batch_shards",
     "check_experts", "check_groups", "check_mesh_fits", "check_process_split", "default_mesh_sizes",
     "distributed_settings", "exchange", "expert_and_shared_params", "expert_module_paths", "format_mesh",
-    "initialize", "make_mesh", "mesh_sizes", "named_shardings", "param_partition_specs", "parse_mesh_spec",
+    "init_training_state", "initialize", "make_mesh", "mesh_sizes", "named_shardings", "param_partition_specs", "parse_mesh_spec",
     "process_rows", "put", "put_tree", "replicated", "shard_batch", "shard_model", "shard_training_state",
     "state_shardings", "use_mesh",
 ]

@@ -49,7 +49,7 @@ def param_partition_specs(model: nnx.Module, mesh: Mesh) -> nnx.State:
     def spec(path, leaf):
         keys = tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
         inside = any(keys[:len(prefix)] == prefix for prefix in experts)
-        return expert_spec(np.ndim(leaf), mesh) if inside else P()
+        return expert_spec(len(np.shape(leaf)), mesh) if inside else P()  # also a ShapeDtypeStruct
 
     return jax.tree_util.tree_map_with_path(spec, nnx.state(model, nnx.Param))
 
@@ -62,7 +62,7 @@ def annotate(model: nnx.Module, mesh: Mesh) -> nnx.Module:
     specs = param_partition_specs(model, mesh)
     for (path, variable), (_, spec) in zip(nnx.to_flat_state(nnx.state(model, nnx.Param)),
                                            nnx.to_flat_state(specs)):
-        names = tuple(spec) + (None,) * (np.ndim(variable[...]) - len(spec))
+        names = tuple(spec) + (None,) * (len(variable.get_value().shape) - len(spec))
         for name in _SHARDING_METADATA:
             variable.set_metadata(name, names)
     return model

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import optax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from moe_course.parallel.mesh import EXPERT, axis_size, batch_shards, check_experts, format_mesh
 from moe_course.parallel.process_share import check_process_split
@@ -34,8 +36,70 @@ def check_mesh_fits(mesh: Mesh, model_config, train_config) -> None:
                              f"of group_size x devices = {unit}")
 
 
+def _abstract_model(model_config, mesh: Mesh, seed: int) -> nnx.Module:
+    """``build_model(model_config)`` as shapes only (``nnx.eval_shape``), switched to ``mesh`` (``use_mesh``)."""
+    from moe_course.models import build_model
+
+    abstract = nnx.eval_shape(lambda: build_model(model_config, rngs=nnx.Rngs(seed)))
+    return use_mesh(abstract, mesh)
+
+
+def _state_layout(abstract: nnx.Module, mesh: Mesh, tx) -> tuple[nnx.GraphDef, Any, Any, Any, tuple]:
+    """(graphdef, abstract params, abstract rest, abstract optimizer state, (param, rest, opt shardings))."""
+    param_shardings = named_shardings(param_partition_specs(abstract, mesh), mesh)
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    opt_state = jax.eval_shape(tx.init, params)
+    # Adam's moments of a parameter are laid out like it; counters and other non-parameter leaves replicated.
+    opt_shardings = optax.tree_map_params(tx, lambda _, sharding: sharding, opt_state, param_shardings,
+                                          transform_non_params=lambda _: replicated(mesh),
+                                          is_leaf=lambda x: isinstance(x, NamedSharding))
+    rest_shardings = jax.tree.map(lambda _: replicated(mesh), rest)
+    return graphdef, params, rest, opt_state, (param_shardings, rest_shardings, opt_shardings)
+
+
+def abstract_training_state(model_config, mesh: Mesh, tx, *, seed: int = 0) -> tuple[nnx.GraphDef, Any, Any, Any,
+                                                                                      tuple]:
+    """The training state ``init_training_state`` would create, as ``jax.ShapeDtypeStruct`` leaves carrying their
+    ``NamedSharding`` on ``mesh``: nothing is allocated, so a model of any size can be compiled ahead of time
+    (``parallel.plan``) on compile-only devices.
+
+    Returns (graphdef, params, rest, opt_state, (param shardings, optimizer state shardings)), the trees of
+    ``shard_training_state``. Raises ValueError naming ``num_experts`` when the experts do not split over the
+    mesh's expert axis."""
+    graphdef, params, rest, opt_state, (param_sh, rest_sh, opt_sh) = _state_layout(
+        _abstract_model(model_config, mesh, seed), mesh, tx)
+    with_sharding = lambda tree, shardings: jax.tree.map(  # noqa: E731
+        lambda leaf, sharding: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), tree, shardings)
+    return (graphdef, with_sharding(params, param_sh), with_sharding(rest, rest_sh),
+            with_sharding(opt_state, opt_sh), (param_sh, opt_sh))
+
+
+def init_training_state(model_config, mesh: Mesh, tx, *, seed: int = 0) -> tuple[nnx.GraphDef, Any, Any, Any,
+                                                                                  tuple]:
+    """A fresh ``build_model(model_config, rngs=nnx.Rngs(seed))`` and ``tx``'s optimizer state, created sharded on
+    ``mesh`` by one ``jax.jit(init, out_shardings=...)`` (big_vision's train.py): every device computes only its
+    own shards, and no process ever holds the whole model in host memory (``shard_training_state`` builds it
+    on the host first). The values equal ``shard_training_state(build_model(...), mesh, tx)``'s.
+
+    Returns (graphdef, params, rest, opt_state, (param shardings, optimizer state shardings)), as
+    ``shard_training_state``. Raises ValueError naming ``num_experts`` when the experts do not split over the
+    mesh's expert axis (before any compilation)."""
+    from moe_course.models import build_model
+
+    graphdef, _, _, _, (param_sh, rest_sh, opt_sh) = _state_layout(_abstract_model(model_config, mesh, seed),
+                                                                   mesh, tx)
+
+    def init():  # use_mesh writes the same sharding metadata into the Params as into the layout's tree
+        _, params, rest = nnx.split(use_mesh(build_model(model_config, rngs=nnx.Rngs(seed)), mesh), nnx.Param, ...)
+        return params, rest, tx.init(params)
+
+    params, rest, opt_state = jax.jit(init, out_shardings=(param_sh, rest_sh, opt_sh))()
+    return graphdef, params, rest, opt_state, (param_sh, opt_sh)
+
+
 def shard_training_state(model: nnx.Module, mesh: Mesh, tx) -> tuple[nnx.GraphDef, Any, Any, Any, tuple]:
-    """Split ``model`` for the training loop with every array on ``mesh``: expert-parallel MoE layers
+    """For a model that already exists (loaded or upcycled weights; a fresh run uses ``init_training_state``):
+    split ``model`` for the training loop with every array on ``mesh``: expert-parallel MoE layers
     (``use_mesh``, in place), parameters by ``param_partition_specs``, the rest replicated, and ``tx``'s
     optimizer state laid out like the parameters it tracks (Adam's moments of an expert weight are split
     like that weight; counters replicated).

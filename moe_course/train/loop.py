@@ -26,7 +26,7 @@ from moe_course.data.pipeline import check_workers, close_pipeline, train_pipeli
 from moe_course.models import build_model
 from moe_course.parallel.process_share import assemble_batch, process_rows
 from moe_course.parallel.sharding import put, replicated
-from moe_course.parallel.training import check_mesh_fits, shard_training_state
+from moe_course.parallel.training import check_mesh_fits, init_training_state, shard_training_state
 from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
 from moe_course.train.evaluate import evaluate
@@ -299,14 +299,18 @@ def train(
 
     if init_model is not None and getattr(init_model, "config", None) != model_config:
         raise ValueError(f"init_model has config {getattr(init_model, 'config', None)!r}; it must equal model_config")
-    model = init_model if init_model is not None else build_model(model_config, rngs=nnx.Rngs(config.seed))
     tx = make_optimizer(config)
     shardings = None
     if mesh is None:
+        model = init_model if init_model is not None else build_model(model_config, rngs=nnx.Rngs(config.seed))
         graphdef, params, rest = nnx.split(model, nnx.Param, ...)
         opt_state = tx.init(params)
+    elif init_model is None:  # created sharded on the devices: no process holds the whole model
+        graphdef, params, rest, opt_state, shardings = init_training_state(model_config, mesh, tx, seed=config.seed)
     else:
-        graphdef, params, rest, opt_state, shardings = shard_training_state(model, mesh, tx)
+        graphdef, params, rest, opt_state, shardings = shard_training_state(init_model, mesh, tx)
+    if init_model is not None:  # the step donates the parameters: the caller's model keeps its own arrays
+        params = jax.tree.map(jnp.copy, params)
     history: list[dict] = []
     start_step, resumed_from = 0, None
     checkpoints = None
@@ -330,7 +334,7 @@ def train(
     objective = objective_for(model_config)
     train_step = make_train_step(graphdef, tx, checked=checked, objective=objective, shardings=shardings,
                                  mixup_p=config.mixup_p, num_classes=model_config.num_classes,
-                                 randaugment=config.randaugment)
+                                 randaugment=config.randaugment, donate=True)
     eval_step = make_eval_step(graphdef, checked=checked) if objective is not CONTRASTIVE else None
     schedule = learning_rate_schedule(config)
     base_key = jax.random.key(config.seed)

@@ -30,11 +30,11 @@ def as_float_images(batch: dict[str, Any]) -> dict[str, Any]:
     return {**batch, "image": image.astype(jnp.float32) / 255.0}
 
 
-def _jit(step: Callable, checked: bool) -> Callable:
+def _jit(step: Callable, checked: bool, donate_argnums: tuple[int, ...] = ()) -> Callable:
     """jax.jit(step); with ``checked``, functionalised by checkify first, raising the first failed check."""
     if not checked:
-        return jax.jit(step)
-    compiled = jax.jit(checkify.checkify(step, errors=checkify.user_checks))
+        return jax.jit(step, donate_argnums=donate_argnums)
+    compiled = jax.jit(checkify.checkify(step, errors=checkify.user_checks), donate_argnums=donate_argnums)
 
     def run(*args):
         error, out = compiled(*args)
@@ -46,7 +46,8 @@ def _jit(step: Callable, checked: bool) -> Callable:
 
 def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *, checked: bool = False,
                     objective: Objective = CLASSIFICATION, shardings: tuple | None = None, mixup_p: float = 0.0,
-                    num_classes: int | None = None, randaugment: tuple[int, float] | None = None) -> Callable:
+                    num_classes: int | None = None, randaugment: tuple[int, float] | None = None,
+                    donate: bool = False) -> Callable:
     """jit(params, rest, opt_state, batch, key) -> (params, opt_state, metrics).
 
     metrics: loss (task + aux), task_loss, aux_loss, accuracy and the objective's own metrics -- batch means,
@@ -61,6 +62,9 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
     against the argmax of the mixed labels. ``randaugment`` (N, M): RandAugment of the float images on the
     device (``train.randaugment``) before mixup, its key split from ``key`` first. Raises ValueError for
     mixup_p > 0 with another objective and for a bad ``randaugment``.
+    ``donate``: the step donates ``params`` and ``opt_state`` (``donate_argnums``), so the updated state is
+    written into their buffers and the old and new state are not live at once (big_vision, MaxText); the
+    arrays passed in are deleted by the call -- pass arrays nothing else still reads.
     """
     if randaugment is not None:
         n, magnitude = check_randaugment(randaugment)
@@ -89,7 +93,7 @@ def make_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, *,
             params, opt_state = jax.lax.with_sharding_constraint((params, opt_state), shardings)
         return params, opt_state, {"loss": loss, **metrics}
 
-    return _jit(train_step, checked)
+    return _jit(train_step, checked, (0, 2) if donate else ())
 
 
 def make_eval_step(graphdef: nnx.GraphDef, *, checked: bool = False) -> Callable:

@@ -90,7 +90,7 @@ assert float(x[0]) == 0.0 and float(y[0]) == 10.0
 # b = torch.randn(3)        # different from a: the generator moved on
 # ```
 #
-# JAX has no hidden generator. A draw takes a **key**, and the same key always gives the same numbers.
+# JAX has no hidden generator: a draw takes a **key**, an argument you pass in.
 
 # %% [markdown]
 # **Predict, then run.** The next cell draws twice from the same key `jax.random.key(SEED)`, then splits the
@@ -169,23 +169,23 @@ assert keys_differ and same_start
 # %%
 mlp = MLP(width=4, hidden=8, rngs=nnx.Rngs(SEED))
 print("mlp.fc1.kernel:", mlp.fc1.kernel.shape, "| mlp.fc1.bias:", mlp.fc1.bias.shape)
-inputs = jax.random.normal(jax.random.key(SEED + 1), (2, 4))  # (batch, width)
-by_hand = inputs @ mlp.fc1.kernel[...] + mlp.fc1.bias[...]
-print("largest difference, inputs @ kernel + bias vs mlp.fc1(inputs):",
-      float(jnp.abs(by_hand - mlp.fc1(inputs)).max()))
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
 # The kernel is `(4, 8)`: **(in, out)**, the transpose of PyTorch's `(out, in)`. Flax computes
-# `y = x @ kernel + bias`, PyTorch `y = x @ weight.T + bias`; the cell compares the first with the layer's own
-# output. Same maths, stored the other way round. That is why `moe_course.torch.convert` transposes every
+# `y = x @ kernel + bias`, PyTorch `y = x @ weight.T + bias`; the next cell checks the first against the layer's
+# own output. Same maths, stored the other way round. That is why `moe_course.torch.convert` transposes every
 # linear kernel when it copies a model between the two frameworks, and why chapter 1 reshapes the patch
 # embedding's kernel `(p, p, C, D)` (PyTorch's `Conv2d` would hold `(D, C, p, p)`).
 #
 # </details>
 
 # %%
+inputs = jax.random.normal(jax.random.key(SEED + 1), (2, 4))  # (batch, width)
+by_hand = inputs @ mlp.fc1.kernel[...] + mlp.fc1.bias[...]
+print("largest difference, inputs @ kernel + bias vs mlp.fc1(inputs):",
+      float(jnp.abs(by_hand - mlp.fc1(inputs)).max()))
 assert mlp.fc1.kernel.shape == (4, 8) and jnp.allclose(by_hand, mlp.fc1(inputs), atol=1e-6)
 
 # %% [markdown]

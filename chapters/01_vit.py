@@ -75,8 +75,8 @@ sample = digits.get("test", np.arange(0, 1050, 66))
 show_images(sample["image"], sample["label"], boxes=sample["box"]);
 
 # %% [markdown]
-# Most *pixels* of a canvas are background: the digit's box covers about a third of the image. A ViT does not
-# see pixels, though, but patches: square tiles of `p x p` pixels (section 2).
+# Most *pixels* of a canvas are background: the digit's box covers only part of it. A ViT does not see pixels,
+# though, but patches: square tiles of `p x p` pixels (section 2).
 
 # %% [markdown]
 # **Predict, then run.** Call a patch "on the digit" when it overlaps the digit's box at all. Is the share of
@@ -260,6 +260,66 @@ for name in ("vit-s/32", "vit-b/32", "deit-ti/16", "deit-s/16", "digits-tiny"):
           f"{vit_param_count(cfg) / 1e6:7.2f}M parameters")
 
 # %% [markdown]
+# **Implement.** Write the encoder block yourself: `my_block(block, x)` below, in `jax.numpy`, from the parameters
+# of the library's `block` (an `EncoderBlock`) -- `block.norm1.scale[...]` and `.bias[...]`, the attention's
+# `block.attn.query.kernel[...]`, `.bias[...]` (and `key`, `value`, `out`), `block.norm2`, `block.mlp.fc1` and
+# `block.mlp.fc2`. LayerNorm normalises over the last axis (epsilon 1e-6) and then scales and shifts; the GELU is
+# the exact one, `jax.nn.gelu(h, approximate=False)`; `attention_by_hand` above is the attention part for one image
+# (write it for a batch, with `block.attn.heads` heads). The cell after it compares yours with the library's block
+# on three blocks with random parameters; once they agree, section 5 measures the trained ViT with *your* blocks in
+# place of the library's.
+
+# %%
+def my_block(block, x):
+    """x: (batch, tokens, width) float32 -> the block's output, the same shape: x + Attention(LN(x)), then
+    x + MLP(LN(x))."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
+probe = ViT(config, rngs=nnx.Rngs(SEED + 2))
+graphdef, probe_params, probe_rest = nnx.split(probe, nnx.Param, ...)
+noise = np.random.default_rng(SEED)  # random scales and biases too, so a forgotten one shows
+probe = nnx.merge(graphdef, jax.tree.map(lambda w: w + 0.1 * noise.normal(size=w.shape).astype(w.dtype),
+                                         probe_params), probe_rest)
+cases = [(probe.blocks[i], jnp.asarray(noise.normal(size=(2, config.num_tokens, config.width)), jnp.float32))
+         for i in range(3)]
+
+
+def library_block(block, x):
+    return block(x)[0]
+
+
+block_fn = use_yours(my_block, library_block, cases)
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_block(block, x):
+#     def norm(layer, x):
+#         mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+#         return (x - mean) / jnp.sqrt(var + 1e-6) * layer.scale[...] + layer.bias[...]
+#
+#     def dense(layer, x):
+#         return x @ layer.kernel[...] + layer.bias[...]
+#
+#     b, t, w = x.shape
+#     heads = block.attn.heads
+#     split = lambda y: y.reshape(b, t, heads, w // heads)
+#     h = norm(block.norm1, x)
+#     q, k, v = (split(dense(layer, h)) for layer in (block.attn.query, block.attn.key, block.attn.value))
+#     weights = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(w // heads), axis=-1)
+#     x = x + dense(block.attn.out, jnp.einsum("bhqk,bkhd->bqhd", weights, v).reshape(b, t, w))
+#     h = jax.nn.gelu(dense(block.mlp.fc1, norm(block.norm2, x)), approximate=False)
+#     return x + dense(block.mlp.fc2, h)
+# ```
+#
+# </details>
+
+# %% [markdown]
 # ## 5. Training on the CPU
 #
 # `moe_course.train.train` is the one loop every chapter uses: AdamW with warm-up and cosine decay, a
@@ -286,6 +346,22 @@ test = evaluate(result.model, digits, "test")
 print(f"trained {CHAPTER_STEPS} steps in {time.perf_counter() - started:.0f} s; "
       f"test accuracy {test['accuracy']:.3f} (logistic regression: {linear_accuracy:.3f})")
 plot_history(result.history);
+
+# %% [markdown]
+# The same trained parameters, run through the block function of the Implement task above (yours where it agreed
+# with the library's, else the library's): embed, the blocks, the final norm, pooling and the head.
+
+# %%
+def logits_with(model, images, block_fn):
+    x = model.embed(images)
+    for block in model.blocks:
+        x = block_fn(block, x)
+    return model.head(model.pool(model.norm(x)))
+
+
+built_accuracy = float((logits_with(result.model, jnp.asarray(x_test), block_fn).argmax(-1) == y_test).mean())
+whose = "your" if block_fn is my_block else "the library's"
+print(f"test accuracy with {whose} blocks: {built_accuracy:.3f} (the library's evaluate: {test['accuracy']:.3f})")
 
 # %% [markdown]
 # **Explain the plot.** Why is the training loss jagged from one logged step to the next while the

@@ -52,7 +52,7 @@
 # 6. the two auxiliary losses, and an example where one of them is blind to an expert that is never used;
 # 7. everything together in the library's `SparseMoE` layer.
 #
-# Nothing is trained here; the whole notebook runs in well under two minutes on a laptop CPU.
+# Nothing is trained here.
 
 # %%
 import math
@@ -672,9 +672,51 @@ y_gather = gather_combine(experts(gather_dispatch(x, allocation)), allocation)
 assert np.allclose(y_gather, y_einsum, atol=1e-5)
 
 # %% [markdown]
-# Equal outputs are not enough for training: the gradients must agree too. The function below is a whole sparse MoE
-# step (router, top-k, BPR allocation, dispatch, experts, combine) as a function of the tokens `x`; we differentiate
-# it once with each implementation.
+# **Implement.** Write the index way's combine, with no loop over tokens: `my_combine(outputs, allocation)`;
+# once it equals `gather_combine`, the gradient check below runs on it.
+#
+# <details><summary>The arrays</summary>
+#
+# `outputs`: the experts' outputs `(groups, experts, capacity, width)`. `allocation.expert_index`, `.slot` and
+# `.gates`: `(groups, tokens, k)`; a dropped choice has slot -1 and adds nothing. Each token sums, over its
+# choices, the gate times the output in the choice's slot. Advanced indexing (`outputs[g, e, b]` with index
+# arrays) and `jnp.where` are enough. The check uses three allocations with dropped choices.
+#
+# </details>
+
+# %%
+def my_combine(outputs, allocation):
+    """outputs: (groups, experts, capacity, width) float32 -> (groups, tokens, width) float32."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
+combine_cases = []
+for k_, c_ in ((2, 0.5), (1, 0.25), (2, 1.0)):
+    route_ = top_k_routing(logits, k_)
+    allocation_ = vanilla_allocation(route_.expert_index, route_.gates, expert_capacity(k_, TOKENS, c_, E), E)
+    combine_cases.append((experts(gather_dispatch(x, allocation_)), allocation_))
+combine_fn = use_yours(my_combine, gather_combine, combine_cases)
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_combine(outputs, allocation):
+#     groups = jnp.arange(outputs.shape[0])[:, None, None]  # broadcasts against (groups, tokens, k)
+#     slot = jnp.maximum(allocation.slot, 0)  # a valid index for dropped choices, masked out next
+#     picked = outputs[groups, allocation.expert_index, slot]  # (groups, tokens, k, width)
+#     weights = jnp.where(allocation.slot >= 0, allocation.gates, 0.0)
+#     return jnp.einsum("gtk,gtkd->gtd", weights, picked)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# Equal outputs are not enough for training: the gradients must agree too. Below, a whole sparse MoE step (router,
+# top-k, BPR allocation, dispatch, experts, combine) is differentiated with each implementation.
 #
 # <details><summary>Why the gradient with respect to the tokens</summary>
 #
@@ -690,16 +732,21 @@ cotangent = jax.random.normal(jax.random.key(SEED + 5), x.shape)
 def moe_step(tokens_, implementation):
     route_ = top_k_routing(tokens_ @ w_router, 2)
     allocation_ = batch_prioritized_allocation(route_.expert_index, route_.gates, b_moe, E)
+    if implementation == "yours":  # the index way's dispatch, then the combine of the Implement task above
+        return combine_fn(experts(gather_dispatch(tokens_, allocation_)), allocation_)
     return apply_experts(tokens_, allocation_, experts, implementation=implementation)
 
 
 values, grads = {}, {}
-for implementation in ("einsum", "gather"):
+for implementation in ("einsum", "gather", "yours"):
     loss = jax.jit(lambda tokens_, impl=implementation: jnp.sum(cotangent * moe_step(tokens_, impl)))
     values[implementation], grads[implementation] = jax.value_and_grad(loss)(x)
 gap = float(jnp.abs(grads["einsum"] - grads["gather"]).max())
 print(f"loss einsum {float(values['einsum']):.6f}, gather {float(values['gather']):.6f}; "
       f"largest gradient difference {gap:.2e} (gradient scale {float(jnp.abs(grads['gather']).max()):.3f})")
+whose = "your" if combine_fn is my_combine else "the library's"
+print(f"with {whose} combine: loss {float(values['yours']):.6f}, largest gradient difference from einsum "
+      f"{float(jnp.abs(grads['einsum'] - grads['yours']).max()):.2e}")
 assert np.allclose(values["einsum"], values["gather"], rtol=1e-5)
 assert np.allclose(grads["einsum"], grads["gather"], atol=1e-6) and float(jnp.abs(grads["gather"]).sum()) > 0
 

@@ -38,19 +38,18 @@
 # the paper's Section 4: when the buffers are too small for all tokens, *which* tokens should get in?
 #
 # What you will see, each claim measured in this notebook or in the recorded runs it reads:
-# 1. a dense ViT and a V-MoE at matched compute -- tied on the 10-class digits once trained, and where the
-#    experts do pay: a task bound by parameters, not by data (eight seeds each, recorded);
+# 1. a dense ViT and a V-MoE at matched compute, on the 10-class digits and on a task bound by parameters, not
+#    by data (eight seeds each, recorded);
 # 2. vanilla routing versus Batch Prioritized Routing (BPR) as the capacity ratio C shrinks at inference
 #    (the paper's Fig. 7);
 # 3. which patches BPR drops, drawn on real test images (Fig. 5), and a slider to move C yourself;
 # 4. how routing relates to the image class in an early and a late MoE layer (Fig. 8);
 # 5. changing k, the number of experts per token, on the trained model (App. E.4);
-# 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3): the saving in FLOPs
-#    shows, BPR's advantage does not (three seeds each, recorded).
+# 6. training with BPR instead of vanilla routing when the buffers are small (App. C.3; three seeds each,
+#    recorded).
 #
 # The one model this chapter trains (a V-MoE on the digits, 1,200 steps of 128) takes about two minutes on two
-# CPU cores; it is checkpointed under `MOE_COURSE_WORKDIR` (default: `runs/` at the repository's root, where
-# `moe-course train` writes too): run the notebook again and it loads it instead of training. The comparisons that need models trained to convergence (sections 1 and 6) read
+# CPU cores; it is checkpointed under `MOE_COURSE_WORKDIR` (default: `runs/`), and a second run loads it. The comparisons that need models trained to convergence (sections 1 and 6) read
 # recorded runs, with the commands that made them.
 
 # %%
@@ -133,7 +132,7 @@ assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to th
 # vit --preset glyphs-tiny --seed S` and `moe-course train vmoe --preset glyphs-tiny-moe --seed S` for S = 0, ..., 7
 # (or `python benchmarks/glyphs_sweep.py dense|tc --seed S`, which trains the same and appends a line to
 # moe_course/results/glyphs.jsonl; `python benchmarks/glyphs_table.py` prints every table of it, `--summary` one row
-# per configuration). `benchmarks/README.md` ("Where experts pay") describes the whole sweep.
+# per configuration). `benchmarks/README.md` describes the whole sweep.
 #
 # </details>
 
@@ -429,9 +428,54 @@ slider.observe(lambda change: figure_handle.update(dropped_figure(change["new"])
 # per layer: how far each class's expert profile is from the average profile (mean absolute difference, in units
 # of routing weight).
 
+# %% [markdown]
+# **Implement.** Write the table yourself, `my_expert_class_weights(record, labels, num_classes)`; once it equals
+# the library's, the heatmaps below come from yours.
+#
+# <details><summary>What it computes, from which arrays</summary>
+#
+# A `(num_classes, experts)` array whose row `c` is, averaged over the images of class `c`, the routing weight each
+# expert receives per token of the image. `record.expert_index` and `record.gates` are `(groups, tokens of a group,
+# k)`: a group holds its images' tokens one image after another, so `.reshape(len(labels), -1, k)` gives them per
+# image; the number of experts is `record.expert_fill.shape[-1]`. Every choice counts with its gate, dropped or not
+# (the paper's routing weights); a class without images gets a row of zeros.
+#
+# </details>
+
 # %%
+def my_expert_class_weights(record, labels, num_classes):
+    """record: a RoutingRecord; labels: (images,) int -> (num_classes, experts) float."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
 _, records = collect_routing(moe_model, test["image"])  # routed as trained: vanilla, C = 1.05
-tables = [expert_class_weights(record, test["label"], 10) for record in records]
+class_weight_cases = [(record, test["label"], n) for record in records for n in (10, 12)]  # 12: two empty classes
+class_weights_fn = use_yours(my_expert_class_weights, expert_class_weights, class_weight_cases)
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_expert_class_weights(record, labels, num_classes):
+#     k = record.expert_index.shape[-1]
+#     index = np.asarray(record.expert_index).reshape(len(labels), -1, k)  # (images, tokens, k)
+#     gates = np.asarray(record.gates).reshape(len(labels), -1, k)
+#     onehot = np.eye(record.expert_fill.shape[-1])[index]  # (images, tokens, k, experts)
+#     per_image = (onehot * gates[..., None]).sum(2).mean(1)  # (images, experts)
+#     table = np.zeros((num_classes, per_image.shape[1]))
+#     for c in range(num_classes):
+#         if (labels == c).any():
+#             table[c] = per_image[labels == c].mean(0)
+#     return table
+# ```
+#
+# </details>
+
+# %%
+tables = [class_weights_fn(record, test["label"], 10) for record in records]
 specialisation = [float(np.abs(table - table.mean(0)).mean()) for table in tables]
 for block, value in zip(moe_config.moe_blocks(), specialisation):
     print(f"MoE layer in block {block}: class specialisation {value:.4f}")

@@ -48,8 +48,8 @@
 #
 # What you will see, each claim measured in this notebook or in the recorded runs it reads:
 # 1. Eq. 1-3 of the paper computed by hand on a tiny example and shown equal to the library;
-# 2. the properties the paper claims -- differentiable, nothing dropped, an image's output independent of the
-#    rest of the batch (Tokens Choice with groups of several images is not);
+# 2. the properties the paper claims -- differentiable, nothing dropped -- and whether an image's output depends
+#    on the rest of the batch, under Soft MoE and under Tokens Choice;
 # 3. a dense ViT, Tokens Choice, Experts Choice and Soft MoE at matched FLOPs on a task bound by parameters
 #    (the comparison of the paper's Fig. 3 at toy scale; eight or three seeds each, recorded);
 # 4. accuracy (recorded) and step time (measured here) as the number of experts grows at a fixed number of
@@ -629,9 +629,9 @@ show_slot_weights(examples["image"][:4], weights, soft_config.patch_size, shown_
 print("largest patch share per slot (mean over images), %:", (100 * np.sort(spread)[::-1]).round(1))
 
 # %% [markdown]
-# **Explain the plot.** Most maps are pale, close to white, and each has at most a patch or two of full colour.
-# Which tokens does a pale slot average, and what would a slot that had learned to pick out the digit look like
-# here? Does a slot's reddest patch stay in one place from digit to digit?
+# **Explain the plot.** How much of each map is pale, and how many patches of full colour does a slot have? Which
+# tokens does a pale slot average, and what would a slot that had learned to pick out the digit look like here?
+# Does a slot's reddest patch stay in one place from digit to digit?
 #
 # <details><summary>What the picture shows</summary>
 #
@@ -663,11 +663,58 @@ assert any(len(set(top_patch[:, s])) > 1 for s in range(len(shown_slots))), top_
 # individual answers from the experts. With one slot, every token gets the same vector. We measure the rank
 # of the layer's output for one image (16 tokens, width 64) as the total number of slots shrinks.
 
+# %% [markdown]
+# **Implement.** Section 1 wrote Eq. 1-3 for one image in NumPy. Write the layer for a batch in `jax.numpy`:
+# `my_soft_moe(layer, x)` from a `SoftMoE`'s own parameters, returning its output. Once the next cell finds it
+# equal to the library's, this section's measurements run on yours.
+#
+# <details><summary>What you have</summary>
+#
+# `x`: `(batch, tokens, width)`, one routing group per image. `layer.phi[...]`: `(width, slots)`, slot `j`
+# belonging to expert `j // layer.slots_per_expert`; `layer.scale[...]`: a scalar. The logits are `scale` times
+# the cosine of token and column of `phi`, each normalised as `v / sqrt(sum(v**2) + 1e-6)`. `layer.experts(s)`
+# runs the experts on slots `s` of shape `(batch, experts, slots_per_expert, width)`. The slots average the raw
+# tokens.
+#
+# </details>
+
+# %%
+def my_soft_moe(layer, x):
+    """x: (batch, tokens, width) float32 -> (batch, tokens, width) float32, Eq. 1-3 per image."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
+wide = SoftMoE(64, 128, 4, slots_per_expert=2, rngs=nnx.Rngs(SEED + 3))
+wide.scale[...] = jnp.asarray(1.7)  # a scale other than its initial 1, so a forgotten one shows
+random_tokens = jax.random.normal(jax.random.key(SEED + 4), (3, 16, 64))
+soft_fn = use_yours(my_soft_moe, lambda soft_layer, x: soft_layer(x).output,
+                    [(layer, tokens), (wide, tokens), (wide, random_tokens)])
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_soft_moe(layer, x):
+#     unit = lambda v, axis: v / jnp.sqrt((v**2).sum(axis, keepdims=True) + 1e-6)
+#     logits = layer.scale[...] * jnp.einsum("btd,ds->bts", unit(x, -1), unit(layer.phi[...], 0))
+#     dispatch = jax.nn.softmax(logits, axis=1)  # over the tokens, per slot (Eq. 1)
+#     combine = jax.nn.softmax(logits, axis=2)  # over the slots, per token (Eq. 3)
+#     slots = jnp.einsum("bts,btd->bsd", dispatch, x)
+#     b, s, d = slots.shape
+#     outputs = layer.experts(slots.reshape(b, s // layer.slots_per_expert, layer.slots_per_expert, d))
+#     return jnp.einsum("bts,bsd->btd", combine, outputs.reshape(b, s, -1))
+# ```
+#
+# </details>
+
 # %%
 ranks = {}
 for slots in (1, 4, 16):
     small = SoftMoE(64, 128, slots, slots_per_expert=1, rngs=nnx.Rngs(SEED + 2))
-    y = np.asarray(small(tokens[:1]).output[0])
+    y = np.asarray(soft_fn(small, tokens[:1])[0])
     ranks[slots] = int(np.linalg.matrix_rank(y, tol=1e-4 * np.abs(y).max()))
 print("slots -> rank of the 16 x 64 output:", ranks)
 assert all(ranks[s] <= s for s in ranks) and ranks[1] == 1 and ranks[16] > ranks[4]
@@ -705,7 +752,7 @@ assert all(ranks[s] <= s for s in ranks) and ranks[1] == 1 and ranks[16] > ranks
 @nnx.jit
 def dependence_on_last_token(soft_layer, dense_mlp, x):
     """d y_0 / d x_15 (64 x 64) for the Soft MoE layer and for a dense MLP, on one image's tokens x (1, 16, 64)."""
-    soft = jax.jacobian(lambda x: soft_layer(x).output[0, 0])(x)[:, 0, -1]
+    soft = jax.jacobian(lambda x: soft_fn(soft_layer, x)[0, 0])(x)[:, 0, -1]
     dense = jax.jacobian(lambda x: dense_mlp(x)[0, 0])(x)[:, 0, -1]
     return soft, dense
 

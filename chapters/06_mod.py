@@ -72,6 +72,7 @@ from moe_course.analysis.timing import best_ms
 from moe_course.configs import get_preset
 from moe_course.configs.vit import backbone_of
 from moe_course.data import ClutteredDigits, DigitsConfig, patches_on_box
+from moe_course.layers import MoDBlock
 from moe_course.models import ViT, mod_from_vit, truncated_vit
 from moe_course.recipes import recipe_for
 from moe_course.routing import (attention_router_scores, gather_tokens, mod_capacity, mod_gate, mod_select,
@@ -273,6 +274,52 @@ assert np.allclose(literal, library, atol=1e-6) and abs(library.sum() - 1) < 1e-
 assert set(kept_by_library) == set(np.argsort(-literal, kind="stable")[:mod_capacity(n, 0.125)])
 
 # %% [markdown]
+# **Implement.** Write an attention-routed MoD block yourself: `my_mod_block(mod_block, x, maps)` keeps the
+# `mod_capacity(tokens, mod_block.capacity)` tokens with the highest Eq. 4 scores (from `maps`, the previous
+# block's attention), runs only those through the dense block `mod_block.block`, and passes every other token
+# through unchanged. Once the next cell finds it equal to the library's, section 4 evaluates a model built on yours.
+#
+# <details><summary>What you have</summary>
+#
+# `x`: `(batch, tokens, width)`; `maps`: `(batch, heads, tokens, tokens)`. `mod_block.block(picked)[0]` runs the
+# pre-LN block on the picked tokens `(batch, kept, width)` -- attention among themselves only. Eq. 5: a kept
+# token's new value is the block's output, not multiplied by its score. `jax.lax.top_k`, `jnp.take_along_axis`
+# and `.at[...].set` are enough.
+#
+# </details>
+
+# %%
+def my_mod_block(mod_block, x, maps):
+    """x: (batch, tokens, width) float32, maps: (batch, heads, tokens, tokens) -> (batch, tokens, width)."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
+probe_mod = mod_from_vit(dense, capacity=0.5, router="attention", seed=SEED)
+probe_maps = forward(dense, test_all["image"][:8]).attention  # every block's maps, 8 test images
+probe_tokens = dense.embed(jnp.asarray(test_all["image"][:8]))
+mod_cases = [(probe_mod.blocks[1], probe_tokens, probe_maps[0]),
+             (mod_from_vit(dense, capacity=0.125, router="attention", seed=SEED).blocks[3], probe_tokens,
+              probe_maps[2])]
+mod_fn = use_yours(my_mod_block, lambda mod_block, x, maps: mod_block(x, previous_attention=maps)[0], mod_cases)
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_mod_block(mod_block, x, maps):
+#     scores = maps.mean(axis=(1, 2))  # Eq. 4: (batch, tokens)
+#     _, index = jax.lax.top_k(scores, mod_capacity(x.shape[1], mod_block.capacity))
+#     picked = jnp.take_along_axis(x, index[..., None], axis=1)  # (batch, kept, width)
+#     processed = mod_block.block(picked)[0]
+#     return x.at[jnp.arange(x.shape[0])[:, None], index].set(processed)
+# ```
+#
+# </details>
+
+# %% [markdown]
 # `MoDViT` makes every second block an MoD block (blocks 1 and 3 here; block 0 stays dense, so the first MoD
 # block has maps to route on -- Raposo et al. and A-MoD alternate the same way), and `mod_from_vit` copies
 # every weight of the dense model into it bit for bit. With attention routing nothing else is needed. A
@@ -332,6 +379,26 @@ assert no_training[("attention", 0.5)] >= no_training[("standard", 0.5)] + 0.1, 
 for router in ROUTERS:
     assert no_training[(router, 0.125)] <= 0.8 * dense_test, no_training
 assert no_training[("attention", 0.125)] >= no_training[("standard", 0.125)] + 0.1, no_training
+
+# %% [markdown]
+# The attention-routed model at C = 0.5 once more, its MoD blocks run by the block of the Implement task above:
+
+# %%
+def mod_logits_with(model, images, mod_fn):
+    x, maps = model.embed(images), None
+    for block in model.blocks:
+        if isinstance(block, MoDBlock):
+            x = mod_fn(block, x, maps)
+        else:
+            x, maps, _ = block(x, return_attention=True)
+    return model.head(model.pool(model.norm(x)))
+
+
+built = jax.jit(lambda images: mod_logits_with(adapted[("attention", 0.5)], images, mod_fn))(test_all["image"])
+whose = "your" if mod_fn is my_mod_block else "the library's"
+print(f"A-MoD at C = 0.5 with {whose} MoD blocks: test accuracy "
+      f"{float((built.argmax(-1) == test_all['label']).mean()):.3f} "
+      f"(the library's evaluate: {no_training[('attention', 0.5)]:.3f})")
 
 # %% [markdown]
 # ## 5. Fine-tuning beside an isoFLOP baseline (Table 1, Fig. 4)

@@ -231,7 +231,8 @@ assert (source >= 0).sum() == np.asarray(allocation.served).sum()  # one slot pe
 # `send_to_experts` runs the library's exchange (`parallel.exchange`: one `jax.lax.all_to_all` over the expert
 # axis) on the simulated devices, for any array laid out `(devices, E, ...)`: we move the tokens with it, and for
 # the picture the labels of where each slot's token came from.
-#
+
+# %% [markdown]
 # **Predict, then run.** Device 0 sends its buffers, shape `(E, B, D)`. What shape does each device hold after the
 # exchange, and the tokens of how many devices sit in it? Write your guess down before you run the next cell.
 
@@ -300,7 +301,8 @@ print("expert outputs on each device:", outbox[0].shape)
 
 # %% [markdown]
 # **Step 4: the all-to-all back.** The inverse exchange: device (r, i) collects from every device (r, j) of its
-# row the outputs for its own group, so every output lands in the slot its token left in step 1.
+# row the outputs for its own group, so every output lands in the slot its token left in step 1. The library's,
+# on the simulated devices:
 
 # %%
 def send_back(outbox):
@@ -308,13 +310,59 @@ def send_back(outbox):
     return on_the_devices(outbox, lambda local: parallel.exchange(local, back=True)[0])
 
 
-returned = send_back(outbox)  # (G, E, B, D) again
+# %% [markdown]
+# **Implement.** An all-to-all moves blocks and computes nothing, so you can write it in NumPy:
+# `my_send_back(outbox)`, the exchange back as a rearrangement of the devices' blocks. Once the next cell finds it
+# equal to the library's, step 4 runs on yours.
+#
+# <details><summary>What you have</summary>
+#
+# Device d sits in data row `r = d // n_expert` and expert column `j = d % n_expert` (`device_of(r, j)`); its
+# experts are `j * per ... (j + 1) * per - 1`. `outbox[d, i]` (shape `(per, ...)`) is what device d's experts
+# computed for the tokens that device `device_of(r, i)` sent. After the exchange, device `device_of(r, i)` holds,
+# at experts `j * per ... (j + 1) * per - 1` of its `(E, ...)` array, what device `device_of(r, j)` computed for
+# it. It works for any trailing shape: the outputs `(B, D)` and the labels `(B,)` alike.
+#
+# </details>
+
+# %%
+def my_send_back(outbox):
+    """(G, n, E/n, ...) -> (G, E, ...): every device's expert outputs back on the device their tokens came from."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
+send_back_fn = use_yours(my_send_back, send_back,
+                         [(outbox,), (inbox_source,), (np.random.default_rng(SEED).normal(size=outbox.shape[:4]),)])
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_send_back(outbox):
+#     returned = np.empty((G, E) + outbox.shape[3:], outbox.dtype)
+#     for d in range(G):
+#         r, i = divmod(d, n_expert)  # device d = (data row r, expert column i)
+#         for j in range(n_expert):  # the devices of its row, each holding per of the experts
+#             returned[d, j * per:(j + 1) * per] = outbox[device_of(r, j), i]
+#     return returned
+# ```
+#
+# Without the loops it is one transpose of blocks: reshape to `(data_rows, n_expert, n_expert, per, ...)`, indexed
+# `[r, j, i]`; `.swapaxes(1, 2)` makes it `[r, i, j]`; reshape to `(G, E, ...)`.
+#
+# </details>
+
+# %%
+returned = send_back_fn(outbox)  # (G, E, B, D) again
 after_experts = "step 3, after the experts: the same slots, now holding expert outputs"
 back_home = "step 4, after the all-to-all back: each output in the slot its token left in step 1"
-show_all_to_all({after_experts: on_the_grid(inbox_source), back_home: send_back(inbox_source)}, home=home,
+show_all_to_all({after_experts: on_the_grid(inbox_source), back_home: send_back_fn(inbox_source)}, home=home,
                 outputs=[after_experts, back_home], device_names=device_names)
 plt.show()
-assert np.array_equal(send_back(inbox_source), source)  # every slot is back on the device that routed its token
+assert np.array_equal(send_back_fn(inbox_source), source)  # every slot is back on the device that routed its token
 
 # %% [markdown]
 # **Step 5, on each device: combine.** Each token sums the outputs of its served choices, weighted by their gates
@@ -376,16 +424,43 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 # %% [markdown]
 # ## 4. Bytes per device per MoE layer
 #
-# A device cuts its `(g, E, B, D)` buffers into n blocks and keeps one, so each exchange sends (n - 1)/n of its
-# buffers, and the forward pass has two exchanges (there and back), 4 bytes per float32 number -- however many
-# slots are filled. `parallel.all_to_all_bytes(g, E, B, D, n)` counts it (exercise 7 asks you to write it for
-# any mesh). We check it against the program XLA compiled: every `all-to-all` instruction, its shape, and the
-# fraction (n - 1)/n of it that leaves the device.
+# A device cuts its `(g, E, B, D)` buffers into n blocks, one for each device of its row, itself included, and the
+# forward pass has two exchanges (there and back), 4 bytes per float32 number.
+# `parallel.all_to_all_bytes(g, E, B, D, n)` counts the bytes a device sends (exercise 7 asks you to write it for
+# any mesh); below we check it against the program XLA compiled: every `all-to-all` instruction, its shape, and
+# the part of it that leaves the device.
 
 # %% [markdown]
-# **Predict, then run.** Here g = 1 group per device, E = 8, D = 64, n = 4 and B as printed in step 1. How many
-# bytes does one device send per MoE layer? Write your number down before you run the next cell, which reads the
-# answer from the program XLA compiled.
+# **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 1, 2 or 4
+# devices per row, still one routing group per device. Does a device send more or fewer bytes as n grows, is there
+# a limit, and what does it stop sending at all when n = 1?
+
+# %%
+by_mesh = {n: parallel.all_to_all_bytes(1, E, B, D, n) for n in (1, 2, 4)}
+for n, sent_bytes in by_mesh.items():
+    print(f"expert axis n = {n}: {sent_bytes:7d} bytes sent per device per MoE layer "
+          f"({sent_bytes / (2 * E * B * D * 4):.3f} of its buffers, both ways)")
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# More, but never more than the device's whole buffers: a device keeps the block for its own experts, 1/n of
+# its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4.
+# At n = 1 every expert lives on every device and nothing is sent: plain data parallelism. So spreading the
+# experts thinner saves memory (section 5) and costs traffic, but the traffic per device is bounded: it
+# approaches `2 * g * E * B * D * 4` bytes -- all of its buffers, there and back -- however many devices share
+# the experts.
+#
+# </details>
+
+# %%
+# the claim: nothing is sent at n = 1; more as n grows, never all of a device's buffers
+assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < 2 * E * B * D * 4
+
+# %% [markdown]
+# **Predict, then run.** Now a number, on the mesh of this chapter: g = 1 group per device, E = 8, D = 64, n = 4 and
+# B as printed in step 1. How many bytes does one device send per MoE layer? Write it down before you run the next
+# cell, which reads the answer from the program XLA compiled.
 
 # %%
 moe = model.blocks[1].mlp
@@ -414,33 +489,6 @@ print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent p
 
 # %%
 assert measured == formula  # the claim: the formula counts exactly what the compiled program sends
-
-# %% [markdown]
-# **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 1, 2 or 4
-# devices per row, still one routing group per device. Does a device send more or fewer bytes as n grows -- and
-# what does it stop sending at all when n = 1?
-
-# %%
-by_mesh = {n: parallel.all_to_all_bytes(1, E, B, D, n) for n in (1, 2, 4)}
-for n, sent_bytes in by_mesh.items():
-    print(f"expert axis n = {n}: {sent_bytes:7d} bytes sent per device per MoE layer "
-          f"({sent_bytes / (2 * E * B * D * 4):.3f} of its buffers, both ways)")
-
-# %% [markdown]
-# <details><summary>What the output shows</summary>
-#
-# More, but never more than the device's whole buffers: a device keeps the block for its own experts, 1/n of
-# its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4.
-# At n = 1 every expert lives on every device and nothing is sent: plain data parallelism. So spreading the
-# experts thinner saves memory (section 5) and costs traffic, but the traffic per device is bounded: it
-# approaches `2 * g * E * B * D * 4` bytes -- all of its buffers, there and back -- however many devices share
-# the experts.
-#
-# </details>
-
-# %%
-# the claim: nothing is sent at n = 1; more as n grows, never all of a device's buffers
-assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < 2 * E * B * D * 4
 
 # %% [markdown]
 # **Change one thing.** In the cell of section 1 that loads `config`, write

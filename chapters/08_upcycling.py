@@ -45,6 +45,7 @@
 import dataclasses
 import warnings
 
+import jax.numpy as jnp  # for your my_upcycle below
 import matplotlib.pyplot as plt
 import numpy as np
 from flax import nnx
@@ -110,7 +111,63 @@ base = VMoEConfig(**{**dataclasses.asdict(dense_config), "name": "digits-tiny-up
 routings = {"top-1, softmax first": base,
             "top-1, TOP-k first": base.replace(router_order="topk_then_softmax"),
             "Experts Choice, C = 2": base.replace(allocation="experts_choice", capacity_ratio=2.0)}
-upcycled = {name: upcycle(dense, config, seed=SEED) for name, config in routings.items()}
+
+# %% [markdown]
+# **Implement.** The surgery is a loop over the V-MoE's parameters. Write `my_upcycle(dense, config, seed)`: a
+# fresh `VMoE(config, rngs=nnx.Rngs(seed))` filled from `dense` as described above. Once the next cell finds its
+# parameters equal to `upcycle`'s for the three routings, the three models below are yours.
+#
+# <details><summary>What you have</summary>
+#
+# `nnx.to_flat_state(nnx.state(model, nnx.Param))` lists `(path, variable)` pairs, a path being a tuple such as
+# `("blocks", 1, "mlp", "fc1", "kernel")` in the ViT; `variable[...]` is its array. In a V-MoE's MoE block the
+# same MLP sits at `("blocks", 1, "mlp", "experts", "fc1_kernel")` (and `fc1_bias`, `fc2_kernel`, `fc2_bias`),
+# with a leading axis of E = `config.num_experts`, and the router at `("blocks", 1, "mlp", "router", "kernel")`;
+# `config.moe_blocks()` says which blocks those are. `nnx.update(model, nnx.from_flat_state(pairs))` writes a
+# list of `(path, variable.replace(new_array))` pairs into the model.
+#
+# </details>
+
+# %%
+def my_upcycle(dense, config, seed):
+    """A trained dense ViT -> the VMoE of ``config`` whose experts are copies of the dense MLPs (router fresh)."""
+    raise NotImplementedError("your code here")
+
+
+# %%
+from moe_course.implement import use_yours
+
+upcycle_fn = use_yours(my_upcycle, lambda dense, config, seed: upcycle(dense, config, seed=seed),
+                       [(dense, config, SEED) for config in routings.values()],
+                       compare=lambda model: nnx.state(model, nnx.Param))
+
+# %% [markdown]
+# <details><summary>One way to write it</summary>
+#
+# ```python
+# def my_upcycle(dense, config, seed):
+#     moe = VMoE(config, rngs=nnx.Rngs(seed))
+#     source = dict(nnx.to_flat_state(nnx.state(dense, nnx.Param)))
+#     filled = []
+#     for path, variable in nnx.to_flat_state(nnx.state(moe, nnx.Param)):
+#         if path[:1] == ("blocks",) and path[1] in config.moe_blocks() and path[2] == "mlp":
+#             if path[3] == "router":
+#                 continue  # no dense counterpart: it keeps its fresh draw
+#             layer, kind = path[4].split("_")  # experts.fc1_kernel <- mlp.fc1.kernel
+#             value = jnp.broadcast_to(source[(*path[:3], layer, kind)][...], variable[...].shape)
+#         else:
+#             value = source[path][...]
+#         filled.append((path, variable.replace(value)))
+#     nnx.update(moe, nnx.from_flat_state(filled))
+#     return moe
+# ```
+#
+# `jnp.broadcast_to` of an `s`-shaped array to `(E, *s)` gives the same E copies as vmoe's `expand_tile`.
+#
+# </details>
+
+# %%
+upcycled = {name: upcycle_fn(dense, config, SEED) for name, config in routings.items()}
 experts = upcycled["top-1, softmax first"].blocks[1].mlp.experts
 print(f"V-MoE: {vmoe_param_count(base) / 1e3:.0f}k parameters; block 1's fc1 kernels {experts.fc1_kernel.shape}, "
       f"expert 5 equal to the dense MLP: "
@@ -215,9 +272,9 @@ assert 0 < distance(continued.model) < 0.5 < 1.2 < distance(drawn)
 
 # %% [markdown]
 # **Explore.** The step-0 shift of the default top-1 router depends on the number of experts: its gate is the top
-# router probability, which falls toward 1/E as E grows. Change `EXPLORE_EXPERTS` (2 to 64) and rerun: how does the
-# mean first gate move, and how many tokens want the busiest expert? What would that mean for a Tokens Choice
-# V-MoE with a capacity ratio near 1?
+# router probability. Change `EXPLORE_EXPERTS` (2 to 64) and rerun: how does the mean first gate move, and how far
+# is it from 1/E? How many tokens want the busiest expert? What would that mean for a Tokens Choice V-MoE with a
+# capacity ratio near 1?
 
 # %%
 EXPLORE_EXPERTS = 16

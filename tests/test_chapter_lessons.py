@@ -47,6 +47,16 @@ def _kind(cell: dict) -> str | None:
     return next((kind for kind in KINDS if cell["text"].startswith(f"**{kind}**")), None)
 
 
+def _mid_cell_tasks(cell: dict) -> list[str]:
+    """The task labels that open a paragraph of a markdown cell other than its first (outside <details>): a task
+    there is neither counted nor checked, so it must start a cell of its own."""
+    if cell["type"] != "markdown":
+        return []
+    body = DETAILS.sub("", cell["text"])
+    labels = "|".join(re.escape(kind) for kind in KINDS)
+    return [m.group(1) for m in re.finditer(rf"\n[ \t]*\n\*\*({labels})\*\*", body)]
+
+
 def _asserts(code: str) -> bool:
     """Whether a code cell holds an ``assert`` statement anywhere (IPython magics and shell lines ignored)."""
     python = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
@@ -87,6 +97,14 @@ def test_chapter_asks_the_learner_to_do_things(chapter):
     assert sum(counts.values()) >= 4, f"{chapter.stem}: {counts}: at least 4 tasks"
     kinds = [kind for kind, n in counts.items() if n and kind != "Implement."]
     assert len(kinds) >= 2, f"{chapter.stem}: {counts}: at least two kinds of task besides Implement"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_task_starts_its_own_cell(chapter):
+    """Issue 61, item 4: a task that opens a paragraph in the middle of a cell escapes every check above."""
+    for cell in _cells(chapter):
+        assert not _mid_cell_tasks(cell), \
+            f"{chapter.stem}: {_mid_cell_tasks(cell)} mid-cell in {cell['text'][:70]!r}: start the task's own cell"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
@@ -140,6 +158,36 @@ def test_main_line_is_short(chapter):
         "seed tables, dates, commands and derivations into collapsed blocks"
 
 
+def _defines_stub(code: str) -> bool:
+    """Whether a code cell defines a function whose body is only a docstring and ``raise NotImplementedError``."""
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.FunctionDef):
+            body = [n for n in node.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+            if len(body) == 1 and isinstance(body[0], ast.Raise) and "NotImplementedError" in ast.unparse(body[0]):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_implement_tasks_run_the_learners_code(chapter):
+    """Issue 61, item 2: every model chapter (01-08) has an Implement task; each hands out a stub that raises
+    NotImplementedError, then a cell that puts it through ``use_yours`` (the learner's function replaces the
+    library's in the cells after it once they agree), then one way to write it, collapsed."""
+    cells = _cells(chapter)
+    tasks = [i for i, cell in enumerate(cells) if _kind(cell) == "Implement."]
+    if chapter.stem[:2] != "00":
+        assert tasks, f"{chapter.stem}: no Implement task"
+    for i in tasks:
+        where = f"{chapter.stem}, the task {cells[i]['text'][:70]!r}"
+        assert cells[i + 1]["type"] == "code" and _defines_stub(cells[i + 1]["text"]), \
+            f"{where}: the next cell must hand out a function that raises NotImplementedError"
+        assert cells[i + 2]["type"] == "code" and "use_yours(" in cells[i + 2]["text"], \
+            f"{where}: the cell after the stub must choose the function the chapter runs with use_yours"
+        answer = cells[i + 3]
+        assert answer["type"] == "markdown" and answer["text"].startswith("<details>") \
+            and "</details>" in answer["text"], f"{where}: one way to write it, collapsed, after the check"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_every_task_has_a_collapsed_answer(chapter):
     cells = _cells(chapter)
@@ -178,6 +226,11 @@ def test_the_check_counts_tasks_and_rejects_a_chapter_without_them(tmp_path):
                       "# %% [markdown]\n# The words **Explore.** in the middle of a cell are not a task.\n")
     counts = _tasks(_cells(lesson))
     assert counts["Predict, then run."] == 1 and sum(counts.values()) == 1
+    test_every_task_starts_its_own_cell(lesson)
+    hidden = tmp_path / "95_hidden.py"
+    hidden.write_text("# %% [markdown]\n# Some prose first.\n#\n# **Explain the plot.** Why?\n")
+    with pytest.raises(AssertionError, match="start the task's own cell"):
+        test_every_task_starts_its_own_cell(hidden)
     with pytest.raises(AssertionError, match="at least 4 tasks"):
         test_chapter_asks_the_learner_to_do_things(lesson)
     with pytest.raises(AssertionError, match="Summary"):

@@ -113,6 +113,7 @@ def test_limoe_table_rows_spread_over_seeds_and_the_worst_loss_spike():
     assert paper[0] == "| + global entropy (the paper's 5 terms)" and dense[0] == "| dense one tower"
     assert paper[2] == f"0.850 ± {math.sqrt(0.005):.3f} (0.800-0.900)" and paper[-1] == "0, 1 |"
     assert paper[5] == "0.500 (0.600) / 0.500 (0.600)" and paper[6] == "3,3 / 3,3" and dense[4] == "--"
+    assert limoe_seed_table(runs, "--patch-size 4", include_dense=False).splitlines() == table[:3]  # chapter 4, sec. 3
     assert curves_of(runs, "paper", "busiest/text/layer1", "--patch-size 4") == {
         0: ([50, 100], [0.2, 0.4]), 1: ([50, 100], [0.3, 0.6])}
     with pytest.raises(KeyError, match="no curve 'val_zero_shot'"):

@@ -28,13 +28,14 @@ def flattened(run: dict) -> dict:
     return {**run, **run["routing"], "loss_spike": spike}
 
 
-def limoe_seed_table(runs: list[dict], variant: str = "") -> str:
+def limoe_seed_table(runs: list[dict], variant: str = "", *, include_dense: bool = True) -> str:
     """A markdown table of ``variant``'s runs ("" = the recipes), one row per model (the Fig. 3 ladder, then the
-    dense model): forward MFLOPs per pair, zero-shot accuracy (mean ± std over seeds, range), retrieval recall@1
+    dense model unless ``include_dense`` is False -- chapter 4 shows the ladder before it asks for the forecast
+    against the dense model, and the dense rows after): forward MFLOPs per pair, zero-shot accuracy (mean ± std over seeds, range), retrieval recall@1
     both ways (means), per MoE layer the text success rate (mean, lowest seed), the busiest expert's share of text
     (mean, highest seed), the experts that take 90% of text (per seed), the worst loss spike (mean) and the
     seeds. Raises ValueError as ``seed_spread`` does (a seed recorded twice, a non-finite number)."""
-    runs = [flattened(run) for run in runs if run["variant"] == variant]
+    runs = [flattened(run) for run in runs if run["variant"] == variant and (include_dense or run["kind"] != "dense")]
     zero_shot = seed_spread(runs, "test_zero_shot", variant)
     mean = lambda metric, kind: seed_spread([run for run in runs if run["kind"] == kind], metric, variant)[kind]
     first = {run["kind"]: run for run in runs}

@@ -37,19 +37,17 @@
 # Chapter 1 ended with a remark: most of a ViT's parameters sit in the MLPs. A Mixture-of-Experts layer
 # keeps many MLPs -- the *experts* -- and lets every token use only a few of them. This chapter builds the
 # sparse MoE layer of V-MoE (Riquelme et al. 2021, Sec. 2 and App. A, C) one step at a time, on real tokens,
-# and checks each step against the library's routing functions in `moe_course.routing` and its layer
-# `SparseMoE`.
+# and checks each step against the library (`moe_course.routing`, `SparseMoE`).
 #
-# What you will see, each claim measured in this notebook:
+# What you will see, each measured here:
 # 1. a dense mixture of experts: every expert runs on every token, weighted by a gate;
 # 2. the router: noise of standard deviation 1/E during training, and why V-MoE takes the top k *after*
-#    the softmax (with the other order and k = 1 the router gets no gradient at all);
+#    the softmax;
 # 3. expert capacity: a fixed number of buffer slots per expert, and why that drops tokens;
-# 4. the three allocation algorithms of App. C, written as the paper's loops, equal to the library's
-#    vectorised versions -- and which tokens vanilla routing drops compared with Batch Prioritized Routing;
-# 5. dispatch and combine, once with one-hot tensors and einsums, once with indices: same outputs, same
-#    gradients, but memory quadratic versus linear in the group size;
-# 6. the two auxiliary losses, and an example where one of them is blind to an expert that is never used;
+# 4. the three allocation algorithms of App. C as the paper's loops, equal to the library's vectorised
+#    versions, and which tokens vanilla routing and Batch Prioritized Routing drop;
+# 5. dispatch and combine with one-hot einsums and with indices, and what each costs in memory;
+# 6. the two auxiliary losses, and what one of them cannot see;
 # 7. everything together in the library's `SparseMoE` layer.
 #
 # Nothing is trained here.
@@ -318,15 +316,8 @@ for k_ in (1, 2):
 # sizes it as `B_e = round(k N P C / E)` (Sec. 2.4): the `k * N * P` choices that `N` images of `P` tokens make,
 # shared evenly over `E` experts, times the **capacity ratio** `C`. With `C = 1` the buffers hold exactly all the
 # choices *if* the router spreads them perfectly evenly; `C > 1` leaves slack; `C < 1` forces choices to be dropped.
-# For our group of 64 tokens and 4 experts:
-#
-# <details><summary>Groups, and the rounding warning</summary>
-#
-# Routing happens within a **group** of tokens, so `N * P` is the group size. `expert_capacity` computes `B_e` and
-# warns when rounding to an integer moves the effective ratio `B_e E / (k N P)` by more than 1% -- which happens for
-# small groups.
-#
-# </details>
+# Routing happens within a **group** of tokens, so `N * P` is the group size: here our 64 tokens, 4 experts.
+# `expert_capacity` computes `B_e`, and warns when rounding moves the ratio `B_e E / (k N P)` by over 1%.
 
 # %%
 TOKENS = x.shape[1]
@@ -471,13 +462,8 @@ assert groups_with_ties > 0
 # %% [markdown]
 # **Which tokens are dropped.** Back to our four real images, with `k = 1` and `C = 0.5`: each expert has 8 slots for
 # 64 tokens, so at least half of the tokens must be dropped. Dropped patches are tinted red below (as in V-MoE Fig.
-# 5; the green box marks the digit).
-#
-# <details><summary>The layout of the group</summary>
-#
-# The group is laid out image after image: tokens 0-15 are image 0, tokens 16-31 image 1, and so on.
-#
-# </details>
+# 5; the green box marks the digit). The group holds the images one after another: tokens 0-15 are image 0, 16-31
+# image 1, and so on.
 
 # %% [markdown]
 # **Predict, then run.** Under vanilla routing, which of the four images will lose the most patches? And

@@ -100,7 +100,7 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
     of sizes for the chip's torus) or ``num_slices`` (not a positive integer), with the allowed values; nothing is
     compiled or loaded. Whether libtpu knows the shape (e.g. "v5e:3x3" does not split into hosts) is checked when
     the devices are made (``compile_only_devices``)."""
-    allowed = ", ".join(f"{chip.name}:{'x'.join(['2'] * chip.dims)}" for chip in TPU_CHIPS.values())
+    allowed = ", ".join(_example(chip) for chip in TPU_CHIPS.values())
     if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
         raise ValueError(f"num_slices={num_slices!r} is not allowed; use a positive integer")
     chip_name, sep, sizes = (name if isinstance(name, str) else "").partition(":")
@@ -111,11 +111,16 @@ def parse_topology(name: str, num_slices: int = 1) -> Topology:
     parts = sizes.strip().lower().split("x")
     if not all(part.isdigit() and int(part) > 0 for part in parts):
         raise ValueError(f"topology={name!r}: the sizes {sizes!r} are not positive integers joined by 'x' "
-                         f"(e.g. {chip.name}:{'x'.join(['2'] * chip.dims)})")
+                         f"(e.g. {_example(chip)})")
     if len(parts) != chip.dims:
         raise ValueError(f"topology={name!r}: {chip.name} is a {chip.dims}D torus, so it takes {chip.dims} sizes "
-                         f"(e.g. {chip.name}:{'x'.join(['2'] * chip.dims)}), not {len(parts)}")
+                         f"(e.g. {_example(chip)}), not {len(parts)}")
     return Topology(chip, tuple(int(part) for part in parts), num_slices)
+
+
+def _example(chip: TpuChip) -> str:
+    """The smallest usual slice of ``chip``: "v5e:2x2", "v4:2x2x1" (one host)."""
+    return f"{chip.name}:{'2x2' if chip.dims == 2 else '2x2x1'}"
 
 
 def compile_only_devices(topology: Topology) -> list:

@@ -97,7 +97,6 @@ class StepPlan:
     code_bytes: int | None = None
     flops: float | None = None
     bytes_accessed: float | None = None
-    xla_optimal_seconds: float | None = None
     collectives: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     out_of_memory: str | None = None
 
@@ -214,7 +213,7 @@ def _compile(name: str, step, args: tuple, analytic_flops: float) -> StepPlan:
         temp_bytes=memory.temp_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
         code_bytes=memory.generated_code_size_in_bytes,
         flops=cost.get("flops"), bytes_accessed=cost.get("bytes accessed"),
-        xla_optimal_seconds=cost.get("optimal_seconds"), collectives=collectives(compiled.as_text()))
+        collectives=collectives(compiled.as_text()))
 
 
 def plan_run(model_config, train_config, topology: str, mesh: str | None = None, *, num_slices: int = 1,
@@ -314,9 +313,6 @@ def format_plan(plan: Plan) -> str:
         seconds = plan.roofline_seconds()
         lines.append(f"  at that bound: {plan.batch_size / seconds:,.0f} images/s, MFU {100 * mfu:.1f}% "
                      f"(an upper bound, an estimate)")
-    if plan.train.xla_optimal_seconds:
-        lines.append(f"  XLA's own estimate of the step (cost analysis 'optimal_seconds'): "
-                     f"{plan.train.xla_optimal_seconds * 1e3:.3g} ms")
     if plan.eval is not None:
         lines += _step_lines(plan, plan.eval)
     return "\n".join(lines)

@@ -84,6 +84,7 @@ class Topology:
 
     @property
     def num_chips(self) -> int:
+        """Chips over all slices."""
         return math.prod(self.shape) * self.num_slices
 
     @property
@@ -134,6 +135,11 @@ def compile_only_devices(topology: Topology) -> list:
     if importlib.util.find_spec("libtpu") is None:
         raise CompileOnlyUnavailable("compile-only TPU devices need libtpu, which is not installed; "
                                      "pip install 'moe-course[tpu]' (any x86-64 Linux machine, no TPU needed)")
+    import os
+
+    # libtpu takes /tmp/libtpu_lockfile so that two processes never drive one TPU; compile-only devices drive
+    # none, and without this a second planning process (another test worker, a second terminal) is refused.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     try:

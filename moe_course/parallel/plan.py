@@ -126,14 +126,17 @@ class Plan:
 
     @property
     def hbm_bytes(self) -> int:
+        """HBM of one device (bytes)."""
         return self.topology.chip.device_hbm_bytes
 
     @property
     def peak_flops(self) -> float:
+        """Dense bf16 peak of one device (FLOP/s)."""
         return self.topology.chip.device_peak_flops
 
     @property
     def bandwidth(self) -> float:
+        """HBM bandwidth of one device (bytes/s)."""
         return self.topology.chip.device_bandwidth
 
     def fits(self, step: StepPlan | None = None) -> bool:

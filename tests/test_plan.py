@@ -126,4 +126,4 @@ def test_plan_command_prints_the_report(capsys):
                  "--batch-size", "32", "--no-eval"]) == 0
     out = capsys.readouterr().out
     assert "plan: digits-tiny-moe on v5e:2x2 (4 TPU v5 lite chips, 4 devices" in out
-    assert "train step (compiled in" in out and "of 16.00 GiB HBM: fits" in out and "fits: True" in out
+    assert "train step, batch 32 (compiled in" in out and "of 16.00 GiB HBM: fits" in out and "fits: True" in out

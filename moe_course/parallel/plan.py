@@ -85,9 +85,11 @@ class StepPlan:
     """What the TPU compiler reports for one step, per device. Bytes are bytes; ``flops`` and
     ``bytes_accessed`` are XLA's cost analysis of one device's program; ``analytic_flops`` the analytic count
     of the step over all devices; ``out_of_memory`` the compiler's message when the program does not fit (the
-    other numbers are then None); ``compile_seconds`` wall-clock seconds of lowering + compiling here."""
+    other numbers are then None); ``batch_size`` the step's global batch (images); ``compile_seconds`` wall-clock
+    seconds of lowering + compiling here."""
 
     name: str
+    batch_size: int
     compile_seconds: float
     analytic_flops: float
     argument_bytes: int | None = None
@@ -185,7 +187,8 @@ def _abstract_batch(model_config, objective, batch_size: int, mesh, *, evaluatio
         return jax.ShapeDtypeStruct(shape, dtype, sharding=batch_sharding(mesh, len(shape)))
 
     size = model_config.image_size
-    shapes = {"image": ((batch_size, size, size, model_config.channels), jnp.uint8), "label": ((batch_size,), jnp.int32)}
+    shapes = {"image": ((batch_size, size, size, model_config.channels), jnp.uint8),
+              "label": ((batch_size,), jnp.int32)}
     if hasattr(model_config, "seq_len"):
         shapes |= {"text": ((batch_size, model_config.seq_len), jnp.int32),
                    "text_mask": ((batch_size, model_config.seq_len), jnp.bool_)}
@@ -194,7 +197,7 @@ def _abstract_batch(model_config, objective, batch_size: int, mesh, *, evaluatio
     return {key: spec(*shapes[key]) for key in keys}
 
 
-def _compile(name: str, step, args: tuple, analytic_flops: float) -> StepPlan:
+def _compile(name: str, step, args: tuple, batch_size: int, analytic_flops: float) -> StepPlan:
     """Lower and compile ``step`` on ``args`` (ShapeDtypeStructs) and read its memory, cost and collectives; a
     program that does not fit becomes a StepPlan with ``out_of_memory`` set to the compiler's message."""
     started = time.perf_counter()
@@ -205,13 +208,13 @@ def _compile(name: str, step, args: tuple, analytic_flops: float) -> StepPlan:
         if "RESOURCE_EXHAUSTED" not in text and "out of memory" not in text.lower():
             raise
         message = " ".join(line.strip() for line in text.strip().splitlines()[:3])
-        return StepPlan(name, time.perf_counter() - started, analytic_flops, out_of_memory=message)
+        return StepPlan(name, batch_size, time.perf_counter() - started, analytic_flops, out_of_memory=message)
     seconds = time.perf_counter() - started
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if cost else {}) if isinstance(cost, (list, tuple)) else (cost or {})
     return StepPlan(
-        name, seconds, analytic_flops,
+        name, batch_size, seconds, analytic_flops,
         argument_bytes=memory.argument_size_in_bytes, output_bytes=memory.output_size_in_bytes,
         temp_bytes=memory.temp_size_in_bytes, alias_bytes=memory.alias_size_in_bytes,
         code_bytes=memory.generated_code_size_in_bytes,
@@ -253,14 +256,14 @@ def plan_run(model_config, train_config, topology: str, mesh: str | None = None,
                                  randaugment=train_config.randaugment, donate=True)
     key = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype, sharding=replicated(device_mesh))
     batch = _abstract_batch(model_config, objective, train_config.batch_size, device_mesh)
-    train = _compile("train step", train_step, (params, rest, opt_state, batch, key),
+    train = _compile("train step", train_step, (params, rest, opt_state, batch, key), train_config.batch_size,
                      training_flops_per_image(model_config) * train_config.batch_size)
     eval_plan = None
     if evaluation and objective is not CONTRASTIVE:
         eval_batch = _abstract_batch(model_config, objective, train_config.eval_batch_size, device_mesh,
                                      evaluation=True)
         eval_plan = _compile("eval step", make_eval_step(graphdef, checked=checked), (params, rest, eval_batch),
-                             flops_per_image(model_config) * train_config.eval_batch_size)
+                             train_config.eval_batch_size, flops_per_image(model_config) * train_config.eval_batch_size)
     return Plan(model=model_config.name, topology=parsed, mesh=sizes,
                 num_processes=len({device.process_index for device in devices}),
                 batch_size=train_config.batch_size, eval_batch_size=train_config.eval_batch_size,
@@ -276,7 +279,7 @@ def _size(value: float) -> str:
 
 
 def _step_lines(plan: Plan, step: StepPlan) -> list[str]:
-    lines = [f"{step.name} (compiled in {step.compile_seconds:.1f} s), per device:"]
+    lines = [f"{step.name}, batch {step.batch_size} (compiled in {step.compile_seconds:.1f} s), per device:"]
     if step.out_of_memory is not None:
         return lines + [f"  does not fit: the compiler ran out of memory: {step.out_of_memory}"]
     total, hbm = step.total_bytes, plan.hbm_bytes

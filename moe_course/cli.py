@@ -47,11 +47,60 @@ def _parser() -> argparse.ArgumentParser:
         "train", help="train a model (resumes from --workdir's newest checkpoint if there is one)",
         epilog=_preset_list(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    _add_run_args(train, DATASETS)
+    plan = sub.add_parser(
+        "plan", help="compile a run for a TPU slice on this machine (compile-only devices, libtpu; no TPU needed) and "
+                     "report memory per device, FLOPs, collectives and a roofline bound",
+        description="The arguments of `train` plus the slice: the run's own train and eval steps are compiled for "
+                    "--topology as `train` would run them there, and nothing runs (docs/scale-out.md, 'Before you "
+                    "rent a pod'). Needs libtpu: pip install 'moe-course[tpu]'. Without --dataset the preset's "
+                    "channels and classes are planned.",
+        epilog=_preset_list(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_run_args(plan, DATASETS)
+    target = plan.add_argument_group("the slice to plan for")
+    target.add_argument("--topology", required=True, metavar="CHIP:AxB[xC]",
+                        help="a TPU slice as libtpu names it: v3, v5e or v6e with two sizes (v5e:4x4), v4 or v5p with "
+                             "three (v4:2x4x4); the mesh's sizes multiply to its devices (one per chip; two per v3 "
+                             "chip)")
+    target.add_argument("--num-slices", type=int, default=1, help="slices of --topology joined (multi-slice)")
+    target.add_argument("--no-eval", action="store_true", help="compile the train step only")
+
+    evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run, or a released checkpoint "
+                                               "of vmoe / big_vision")
+    source = evaluate.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", help="a run of `moe-course train`")
+    source.add_argument("--checkpoint", metavar="PATH",
+                        help="a reference checkpoint: a vmoe prefix (PATH.index + PATH.data-*) or a big_vision .npz")
+    reference = evaluate.add_argument_group("reference checkpoints (--checkpoint; docs/pytorch.md, 'The reference "
+                                            "models' checkpoints'); images are scaled to [-1, 1] as those models expect")
+    reference.add_argument("--format", default=None, choices=REFERENCE_FORMATS, help="the checkpoint's format")
+    reference.add_argument("--model-config", default=None, metavar="JSON",
+                           help="vmoe: the experiment's config.model as JSON (routing settings)")
+    reference.add_argument("--image-size", type=int, default=None,
+                           help="evaluate at this size (position embeddings resized); default the checkpoint's")
+    reference.add_argument("--group-size", type=int, default=None, help="vmoe: images per routing group")
+    reference.add_argument("--batch-size", type=int, default=64, help="images per evaluation batch")
+    _add_data_args(evaluate, DATASETS)
+    evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
+    evaluate.add_argument("--framework", default="jax", choices=FRAMEWORKS,
+                          help="jax; torch: the model converted to its PyTorch twin (needs moe-course[torch]); "
+                               "both: the two side by side")
+    _add_routing_args(evaluate, "evaluate the trained model with other settings")
+    course_cli.add_parser(sub)
+    selfcheck.add_parser(sub)
+    exercise.add_parser(sub)
+    return parser
+
+
+def _add_run_args(train: argparse.ArgumentParser, datasets) -> None:
+    """The arguments of a training run, shared by ``train`` and ``plan`` (a planned run is launched by changing the
+    verb)."""
     train.add_argument("model", choices=sorted(PRESETS), help="model family")
     train.add_argument("--preset", default=None,
                        help="named architecture (listed below); required unless --init-checkpoint or --upcycle-from "
                             "gives one")
-    _add_data_args(train, DATASETS)
+    _add_data_args(train, datasets)
     train.add_argument("--workdir", default=None, help="run directory for checkpoints (default: runs/<preset>)")
     train.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's recipe)")
     train.add_argument("--batch-size", type=int, default=None)
@@ -103,32 +152,6 @@ def _parser() -> argparse.ArgumentParser:
     mod.add_argument("--router", default=None, choices=MOD_ROUTERS,
                      help="attention (A-MoD Eq. 3-5, no parameters) or standard (Eq. 1-2, a linear router)")
     mod.add_argument("--capacity", type=float, default=None, help="C in (0, 1]: fraction of tokens an MoD block processes")
-
-    evaluate = sub.add_parser("evaluate", help="evaluate the newest checkpoint of a run, or a released checkpoint "
-                                               "of vmoe / big_vision")
-    source = evaluate.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workdir", help="a run of `moe-course train`")
-    source.add_argument("--checkpoint", metavar="PATH",
-                        help="a reference checkpoint: a vmoe prefix (PATH.index + PATH.data-*) or a big_vision .npz")
-    reference = evaluate.add_argument_group("reference checkpoints (--checkpoint; docs/pytorch.md, 'The reference "
-                                            "models' checkpoints'); images are scaled to [-1, 1] as those models expect")
-    reference.add_argument("--format", default=None, choices=REFERENCE_FORMATS, help="the checkpoint's format")
-    reference.add_argument("--model-config", default=None, metavar="JSON",
-                           help="vmoe: the experiment's config.model as JSON (routing settings)")
-    reference.add_argument("--image-size", type=int, default=None,
-                           help="evaluate at this size (position embeddings resized); default the checkpoint's")
-    reference.add_argument("--group-size", type=int, default=None, help="vmoe: images per routing group")
-    reference.add_argument("--batch-size", type=int, default=64, help="images per evaluation batch")
-    _add_data_args(evaluate, DATASETS)
-    evaluate.add_argument("--split", default="test", choices=["train", "val", "test"])
-    evaluate.add_argument("--framework", default="jax", choices=FRAMEWORKS,
-                          help="jax; torch: the model converted to its PyTorch twin (needs moe-course[torch]); "
-                               "both: the two side by side")
-    _add_routing_args(evaluate, "evaluate the trained model with other settings")
-    course_cli.add_parser(sub)
-    selfcheck.add_parser(sub)
-    exercise.add_parser(sub)
-    return parser
 
 
 def _number(text: str) -> int | float:
@@ -277,9 +300,7 @@ def _test_metrics(model, dataset, split: str, batch_size: int, mesh=None) -> dic
 
 
 def _train(args) -> dict:
-    from moe_course.configs import get_preset
     from moe_course.data import load_dataset
-    from moe_course.recipes import data_recipe_for, recipe_for
     import jax
 
     from moe_course.data.pipeline import check_workers, default_workers
@@ -294,6 +315,33 @@ def _train(args) -> dict:
     if args.upcycle_from is not None:
         return _upcycle(args, data_workers, randaugment)
     _check_no_init_flags(args)
+    model_config, recipe, data_recipe = _preset_config(args)
+    mesh = _scale_out(args, model_config)  # first: jax.distributed must start before JAX uses a device
+    overrides = _train_overrides(args)
+    name = _dataset_name(args, model_config)
+    on_workers, on_device = _randaugment_placement(args, name, data_recipe, randaugment)
+    dataset = _recipe_dataset(args, name, model_config.image_size, data_recipe, on_workers)
+    train_config = _recipe_train_config(recipe, {**overrides, "randaugment": on_device}, data_recipe, dataset)
+    classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
+    model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
+    workdir = _workdir(args, model_config)
+    dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
+    model_config = model_config.replace(dtype=dtype)
+    print(describe_precision(model_config, why))
+    init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
+    report_devices(model_config)
+    if mesh is not None:
+        print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
+    return _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers)
+
+
+def _preset_config(args):
+    """(model config, recipe, data recipe) of a run from --preset: the preset with --image-size / --patch-size,
+    the routing options and the MoD options applied. ValueError (named) for a missing or unknown preset and for
+    options of another family."""
+    from moe_course.configs import get_preset
+    from moe_course.recipes import data_recipe_for, recipe_for
+
     if args.preset is None:
         raise ValueError("--preset is required (or --init-checkpoint to fine-tune a released checkpoint, or "
                          "--upcycle-from to upcycle a dense ViT)")
@@ -304,30 +352,58 @@ def _train(args) -> dict:
     model_config = model_config.replace(**shape)
     model_config = model_config.replace(**_routing_overrides(args, _model_kind(model_config)))
     model_config = model_config.replace(**_mod_overrides(args, model_config))
-    mesh = _scale_out(args, model_config)  # first: jax.distributed must start before JAX uses a device
-    overrides = {
-        k: v
-        for k, v in dict(
-            steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate,
-            warmup_steps=args.warmup_steps, checkpoint_every=args.checkpoint_every, seed=args.seed,
-        ).items()
-        if v is not None
-    }
+    return model_config, recipe, data_recipe
+
+
+def _workdir(args, model_config) -> Path:
+    """--workdir, or runs/<model name> ("/" of a paper name such as B/16 replaced by "-")."""
+    return Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+
+
+def _plan(args) -> dict:
+    """``plan``: the run ``train`` would make from the same arguments, compiled for --topology on compile-only
+    TPU devices (``parallel.plan``); prints the report and returns a short summary. ValueError (one line, before
+    any compilation) for bad arguments, a topology or mesh that does not match, or libtpu missing."""
+    from moe_course.data.randaugment import check_randaugment
+    from moe_course.parallel.chips import CompileOnlyUnavailable
+    from moe_course.parallel.plan import format_plan, plan_run, plan_summary
+    from moe_course.train.precision import describe_precision, resolve_dtype
+
+    for flag, value in (("--init-checkpoint", args.init_checkpoint), ("--upcycle-from", args.upcycle_from)):
+        if value is not None:
+            raise ValueError(f"{flag} does not apply to plan: plan the architecture of the checkpoint with its "
+                             f"--preset (weights do not change the compiled program)")
+    _check_no_init_flags(args)
+    model_config, recipe, data_recipe = _preset_config(args)
+    given = [flag for flag, value in (("--distributed", args.distributed or None),
+                                      ("--coordinator-address", args.coordinator_address),
+                                      ("--num-processes", args.num_processes), ("--process-id", args.process_id))
+             if value is not None]
+    if given:
+        print(f"plan: {', '.join(given)} ignored: --topology gives the processes of the planned run")
+    randaugment = None if args.randaugment is None else check_randaugment(tuple(args.randaugment))
     name = _dataset_name(args, model_config)
     on_workers, on_device = _randaugment_placement(args, name, data_recipe, randaugment)
-    dataset = _recipe_dataset(args, name, model_config.image_size, data_recipe, on_workers)
-    train_config = _recipe_train_config(recipe, {**overrides, "randaugment": on_device}, data_recipe, dataset)
-    classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}  # caption-only data: none
-    model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
-    workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
-    dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
+    overrides = {**_train_overrides(args), "randaugment": on_device}
+    if args.dataset is not None:  # the run's own classes and channels, as train takes them
+        dataset = _recipe_dataset(args, name, model_config.image_size, data_recipe, on_workers)
+        train_config = _recipe_train_config(recipe, overrides, data_recipe, dataset)
+        classes = {"num_classes": dataset.num_classes} if dataset.num_classes else {}
+        model_config = model_config.replace(channels=dataset.image_shape[2], **classes)
+    else:
+        train_config = recipe.replace(**overrides)
+        print(f"plan: no --dataset: the preset's {model_config.channels} channel(s) and {model_config.num_classes} "
+              f"classes are planned")
+    dtype, why = resolve_dtype(args.dtype, model_config, workdir=_workdir(args, model_config), backend="tpu")
     model_config = model_config.replace(dtype=dtype)
     print(describe_precision(model_config, why))
-    init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
-    report_devices(model_config)
-    if mesh is not None:
-        print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
-    return _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers)
+    try:
+        plan = plan_run(model_config, train_config, args.topology, None if args.mesh in (None, "auto") else args.mesh,
+                        num_slices=args.num_slices, evaluation=not args.no_eval)
+    except CompileOnlyUnavailable as err:
+        raise ValueError(f"--topology {args.topology}: {err}") from err
+    print(format_plan(plan))
+    return plan_summary(plan)
 
 
 def _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers) -> dict:
@@ -505,7 +581,7 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
     model_config = model.config
     train_config = _recipe_train_config(recipe_for(model_config), {**_train_overrides(args), "randaugment": on_device},
                                         data_recipe, dataset)
-    workdir = Path(args.workdir or Path("runs") / model_config.name.replace("/", "-"))
+    workdir = _workdir(args, model_config)
     dtype, why = resolve_dtype(args.dtype, model_config, workdir=workdir)
     if dtype != model_config.dtype:
         model = with_dtype(model, dtype)
@@ -608,14 +684,14 @@ def _evaluate(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The ``moe-course`` command: parse ``argv`` (default ``sys.argv[1:]``), run ``train`` or ``evaluate``
+    """The ``moe-course`` command: parse ``argv`` (default ``sys.argv[1:]``), run ``train``, ``plan`` or ``evaluate``
     and return the exit status (0 ok; 1 when training diverged; 2 for bad input, printed as one line)."""
     args = _parser().parse_args(argv)
     from moe_course.train import TrainingDiverged  # here, not at the top: keeps --help fast
     from moe_course.train.checkpoint import WorkdirError
 
     try:
-        commands = {"train": _train, "evaluate": _evaluate, "course": course_cli.run, "check": selfcheck.run,
+        commands = {"train": _train, "plan": _plan, "evaluate": _evaluate, "course": course_cli.run, "check": selfcheck.run,
                     "exercise": exercise.run}
         summary = commands[args.command](args)
     except TrainingDiverged as err:  # NaN/inf loss or parameters; the checkpoints on disk stay good

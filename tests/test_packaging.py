@@ -110,7 +110,7 @@ def test_readme_command_1_installs_no_torch_and_ci_adds_it():
     command_1 = re.search(r"```bash\n(python3 -m venv .+?)\n```", readme).group(1)
     assert "torch" not in command_1, command_1
     torch_lines = [line for line in _ci_lines() if line.startswith("pip install") and "torch" in line]
-    assert torch_lines == ['pip install torch==2.13.0 -e ".[torch,instructor,augment]"'], torch_lines
+    assert torch_lines == ['pip install torch==2.13.0 -e ".[torch,instructor,augment,tpu]"'], torch_lines
 
 
 def test_nbgrader_is_instructor_only_and_ci_installs_it():

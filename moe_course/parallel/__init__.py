@@ -6,7 +6,7 @@ from moe_course.parallel.expert_parallel import (
 )
 from moe_course.parallel.mesh import (
     AXES, DATA, EXPERT, axis_size, batch_axes, batch_shards, check_experts, default_mesh_sizes, format_mesh,
-    make_mesh, mesh_sizes, parse_mesh_spec,
+    make_mesh, mesh_sizes, mesh_sizes_for, parse_mesh_spec,
 )
 from moe_course.parallel.process_share import assemble_batch, check_process_split, process_rows
 from moe_course.parallel.sharding import (
@@ -22,7 +22,7 @@ __all__ = [
     "apply_experts_parallel", "assemble_batch", "axis_size", "batch_axes", "batch_sharding", "batch_shards",
     "check_experts", "check_groups", "check_mesh_fits", "check_process_split", "default_mesh_sizes",
     "distributed_settings", "exchange", "expert_and_shared_params", "expert_module_paths", "format_mesh",
-    "init_training_state", "initialize", "make_mesh", "mesh_sizes", "named_shardings", "param_partition_specs", "parse_mesh_spec",
+    "init_training_state", "initialize", "make_mesh", "mesh_sizes", "mesh_sizes_for", "named_shardings", "param_partition_specs", "parse_mesh_spec",
     "process_rows", "put", "put_tree", "replicated", "shard_batch", "shard_model", "shard_training_state",
     "state_shardings", "use_mesh",
 ]

@@ -62,14 +62,24 @@ def make_mesh(spec: str | None = None, *, devices: Sequence[jax.Device] | None =
     unknown, and naming ``num_experts`` when the experts do not divide evenly -- all before any compilation.
     """
     devices = list(jax.devices() if devices is None else devices)
-    sizes = default_mesh_sizes(len(devices), num_experts) if spec is None else parse_mesh_spec(spec)
-    if math.prod(sizes.values()) != len(devices):
-        raise ValueError(f"mesh={format_mesh(sizes)!r} has {math.prod(sizes.values())} devices, but "
-                         f"{len(devices)} are visible; the axis sizes must multiply to {len(devices)}")
-    check_experts(num_experts, sizes[EXPERT])
+    sizes = mesh_sizes_for(spec, len(devices), num_experts=num_experts)
     names = tuple(axis for axis in AXES if sizes[axis] > 1) or (DATA,)
     grid = np.asarray(devices, dtype=object).reshape([sizes[axis] for axis in names])
     return Mesh(grid, names)
+
+
+def mesh_sizes_for(spec: str | None, num_devices: int, *, num_experts: int | None = None,
+                   devices_are: str = "visible") -> dict[str, int]:
+    """The axis sizes {"data": n_data, "expert": n_expert} of ``spec`` over ``num_devices`` devices (None:
+    ``default_mesh_sizes``), checked as ``make_mesh`` checks them, without any device: ValueError naming ``mesh``
+    when the sizes' product is not ``num_devices`` (the message says the devices are ``devices_are``, e.g. "in
+    topology v5e:2x2") or the spec does not parse, and naming ``num_experts`` when the experts do not split."""
+    sizes = default_mesh_sizes(num_devices, num_experts) if spec is None else parse_mesh_spec(spec)
+    if math.prod(sizes.values()) != num_devices:
+        raise ValueError(f"mesh={format_mesh(sizes)!r} has {math.prod(sizes.values())} devices, but "
+                         f"{num_devices} are {devices_are}; the axis sizes must multiply to {num_devices}")
+    check_experts(num_experts, sizes[EXPERT])
+    return sizes
 
 
 def check_experts(num_experts: int | None, expert_axis: int) -> None:

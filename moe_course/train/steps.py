@@ -41,6 +41,7 @@ def _jit(step: Callable, checked: bool, donate_argnums: tuple[int, ...] = ()) ->
         error.throw()
         return out
 
+    run.lower = compiled.lower  # ahead-of-time compilation (parallel.plan) of the checked program itself
     return run
 
 

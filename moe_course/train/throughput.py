@@ -14,8 +14,9 @@ sheets:
 - NVIDIA A100 Tensor Core GPU data sheet (BF16 312, TF32 156);
 - NVIDIA L4 Tensor Core GPU data sheet (BF16 121, TF32 60);
 - NVIDIA T4 Tensor Core GPU data sheet (FP32 8.1; no bfloat16 tensor cores: no bfloat16 peak);
-- Google Cloud TPU system architecture pages (bf16 per chip: v4 275, v5e 197, v5p 459, v6e (Trillium) 918;
-  no float32 peak is published: XLA runs float32 matmuls as bfloat16 passes there).
+- Google Cloud TPU system architecture pages (bf16 per chip: v3 123, v4 275, v5e 197, v5p 459, v6e (Trillium)
+  918; per device, a v3 device being one of its chip's two TensorCores; no float32 peak is published: XLA runs
+  float32 matmuls as bfloat16 passes there). The TPU rows come from ``parallel.chips.TPU_CHIPS``.
 The float32 entry of an NVIDIA GPU with tensor cores is its TF32 peak: XLA's default matmul precision runs
 float32 products on TF32 tensor cores (PyTorch does with ``torch.set_float32_matmul_precision("high")``; at its
 default "highest" a float32 MFU against this peak reads low).
@@ -26,6 +27,7 @@ from __future__ import annotations
 import re
 
 from moe_course.analysis.flops import flops_per_image
+from moe_course.parallel.chips import TPU_CHIPS
 
 TRAINING_FLOPS_PER_FORWARD = 3
 DTYPES = ("bfloat16", "float32")
@@ -38,10 +40,7 @@ PEAK_TFLOPS: dict[str, dict[str, float | None]] = {
     "A100": {"bfloat16": 312.0, "float32": 156.0},
     "L4": {"bfloat16": 121.0, "float32": 60.0},
     "T4": {"bfloat16": None, "float32": 8.1},
-    "TPU v4": {"bfloat16": 275.0, "float32": None},
-    "TPU v5e": {"bfloat16": 197.0, "float32": None},
-    "TPU v5p": {"bfloat16": 459.0, "float32": None},
-    "TPU v6e": {"bfloat16": 918.0, "float32": None},
+    **{chip.family: {"bfloat16": chip.device_peak_flops / 1e12, "float32": None} for chip in TPU_CHIPS.values()},
 }
 
 # (pattern on the lower-cased device kind, family), first match wins. The kinds as JAX's ``Device.device_kind``
@@ -54,6 +53,7 @@ _KINDS = (
     (r"a100", "A100"),
     (r"\bl4\b", "L4"),
     (r"\bt4\b", "T4"),
+    (r"tpu v3", "TPU v3"),
     (r"tpu v4", "TPU v4"),
     (r"tpu v5 ?(lite|e)\b", "TPU v5e"),
     (r"tpu v5", "TPU v5p"),

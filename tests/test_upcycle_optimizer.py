@@ -147,9 +147,16 @@ def test_the_first_update_of_a_carried_run_is_adam_on_the_tiled_state(tmp_path):
     expected = _by_hand_adamw_step(start, grads, _part(carried, optax.ScaleByAdamState), lr, config)
     fresh = make_optimizer(config).init(start)
     fresh_expected = _by_hand_adamw_step(start, grads, _part(fresh, optax.ScaleByAdamState), lr, config)
-    difference = jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), after, expected))
-    print(f"max |carried run - Adam by hand| over the parameters: {max(difference):.2e}")
-    assert max(difference) < 2e-6, max(difference)
+    difference = {path: float(jnp.abs(a[...] - b[...]).max())
+                  for (path, a), (_, b) in zip(nnx.to_flat_state(after), nnx.to_flat_state(expected))}
+    # An attention key bias has a gradient of 0 up to rounding (the softmax over keys ignores a shift shared by
+    # all keys), which Adam normalises into steps of rounding noise: those are held to the size of their step.
+    key_bias = {path for path in difference if path[-2:] == ("key", "bias")}
+    rest = max(d for path, d in difference.items() if path not in key_bias)
+    print(f"max |carried run - Adam by hand|: {rest:.2e}; attention key biases "
+          f"{max(difference[path] for path in key_bias):.2e}")
+    assert rest < 3e-7, rest  # about 2 float32 ulps of a parameter near 1
+    assert max(difference[path] for path in key_bias) < 2e-6
     experts = ("blocks", 1, "mlp", "experts", "fc1_kernel")
     moved = [np.asarray(tree[experts[0]][experts[1]][experts[2]][experts[3]][experts[4]][...])
              for tree in (start, after, fresh_expected)]

@@ -145,6 +145,12 @@ def _add_run_args(train: argparse.ArgumentParser, datasets) -> None:
                     help="a big_vision ViT .npz or a `moe-course train vit` run directory (--init-format: "
                          "big_vision or moe-course; default from PATH). Without --preset: the checkpoint's "
                          "backbone with the paper's MoE layers (32 experts in every other block, Expert Choice, C=2)")
+    up.add_argument("--carry-optimizer-state", default=None, action=argparse.BooleanOptionalAction,
+                    help="carry the dense run's optimizer state into the V-MoE, as the paper does for vision: Adam's "
+                         "moments tiled to the experts as the weights are, the router's zero, Adam's step count "
+                         "kept; the learning-rate schedule is this run's, from its step 0. Default: on for a course "
+                         "run (its checkpoint holds the state), off for a big_vision .npz (it holds none). The "
+                         "dense run's optimizer must be this run's (same optimizer, clipping, decay, mu dtype)")
     mod = train.add_argument_group("Mixture-of-Depths (mod runs)")
     mod.add_argument("--init-from", default=None, metavar="RUN_DIR",
                      help="adapt the dense ViT of this `moe-course train vit` run (A-MoD Sec. 4) instead of "
@@ -312,6 +318,8 @@ def _train(args) -> dict:
     randaugment = None if args.randaugment is None else check_randaugment(tuple(args.randaugment))
     if args.init_checkpoint is not None:
         return _finetune(args, data_workers, randaugment)
+    if args.carry_optimizer_state is not None and args.upcycle_from is None:
+        raise ValueError("--carry-optimizer-state / --no-carry-optimizer-state apply with --upcycle-from only")
     if args.upcycle_from is not None:
         return _upcycle(args, data_workers, randaugment)
     _check_no_init_flags(args)
@@ -406,13 +414,14 @@ def _plan(args) -> dict:
     return plan_summary(plan)
 
 
-def _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers) -> dict:
+def _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers,
+                  init_opt_state=None) -> dict:
     """``train`` with the progress bar as asked, then the summary: workdir, steps, seconds, speed, test metrics."""
     from moe_course.train import train
 
     final_split = _final_split(dataset)
     result = train(model_config, dataset, train_config, workdir=workdir, progress=not args.no_progress,
-                   init_model=init_model, mesh=mesh, data_workers=data_workers)
+                   init_model=init_model, mesh=mesh, data_workers=data_workers, init_opt_state=init_opt_state)
     metrics = (_test_metrics(result.model, dataset, final_split, train_config.eval_batch_size, mesh)
                if final_split else {})
     speed = next((r for r in reversed(result.history) if "images_per_second" in r), {})
@@ -539,13 +548,17 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
     """``train vmoe --upcycle-from PATH``: a dense ViT (big_vision ``.npz`` or course run) upcycled into a V-MoE
     (``reference.upcycle.upcycle_start``), then trained: with --preset, that V-MoE and its recipe (the preset's
     backbone must be the checkpoint's); without, the checkpoint's backbone with the paper's MoE layers
-    (``reference.upcycle.UPCYCLING_MOE``) and the TrainConfig defaults. The optimizer state starts fresh."""
+    (``reference.upcycle.UPCYCLING_MOE``) and the TrainConfig defaults. The dense run's optimizer state is carried
+    (``--carry-optimizer-state``, the default where the checkpoint holds one: a course run) with its schedule
+    step reset to 0 (``train.optim.restart_schedule``), else the optimizer starts fresh."""
     from moe_course.configs import get_preset
     from moe_course.models import with_dtype
     from moe_course.recipes import data_recipe_for, recipe_for
-    from moe_course.reference.upcycle import dense_format, load_dense, upcycle_start
+    from moe_course.models import OptimizerStateMismatch
+    from moe_course.reference.upcycle import dense_format, load_dense_run, upcycle_start
     from moe_course.train import report_devices
     from moe_course.train.checkpoint import WorkdirError
+    from moe_course.train.optim import restart_schedule
     from moe_course.train.precision import describe_precision, resolve_dtype
 
     if args.model != "vmoe":
@@ -558,9 +571,14 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
     fmt = dense_format(args.upcycle_from, args.init_format)
     preset = None if args.preset is None else get_preset("vmoe", args.preset)
     try:
-        dense = load_dense(args.upcycle_from, fmt, image_size=args.image_size or (preset and preset.image_size))
+        dense, dense_opt_state = load_dense_run(args.upcycle_from, fmt,
+                                                image_size=args.image_size or (preset and preset.image_size))
     except (OSError, WorkdirError) as err:
         raise ValueError(f"--upcycle-from: {_file_error(err) if isinstance(err, OSError) else err}") from err
+    carry = dense_opt_state is not None if args.carry_optimizer_state is None else args.carry_optimizer_state
+    if carry and dense_opt_state is None:
+        raise ValueError(f"--carry-optimizer-state: {args.upcycle_from} ({fmt}) holds no optimizer state; upcycle a "
+                         f"course run to carry one, or pass --no-carry-optimizer-state")
     data_recipe = data_recipe_for(preset or dense.config)
     name = args.dataset or _dataset_name(args, preset or dense.config)
     on_workers, on_device = _randaugment_placement(args, name, data_recipe, randaugment)
@@ -572,7 +590,12 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
     if preset is not None:
         config = preset.replace(image_size=dense.config.image_size, channels=dataset.image_shape[2],
                                 num_classes=dataset.num_classes)
-    model = upcycle_start(dense, fmt, config=config, num_classes=dataset.num_classes, seed=args.seed)
+    model = upcycle_start(dense, fmt, config=config, num_classes=dataset.num_classes, seed=args.seed,
+                          optimizer_state=dense_opt_state if carry else None)
+    opt_state = None
+    if carry:
+        model, opt_state = model
+        opt_state = restart_schedule(opt_state)
     routing = _routing_overrides(args, "VMoE")
     if routing:
         from moe_course.models import with_routing
@@ -588,11 +611,18 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
         model_config = model.config
     print(f"upcycled {args.upcycle_from} ({fmt}) into {model_config.name}: MoE in blocks "
           f"{list(model_config.moe_blocks())}, {model_config.num_experts} experts each a copy of the block's MLP, "
-          f"{model_config.allocation} k={model_config.k} C={model_config.capacity_ratio}; fresh router and optimizer")
+          f"{model_config.allocation} k={model_config.k} C={model_config.capacity_ratio}; fresh router; "
+          + ("optimizer state carried from the dense run (Adam moments tiled to the experts, the router's zero), "
+             "learning-rate schedule from step 0" if carry else "fresh optimizer"))
     print(describe_precision(model_config, why))
     report_devices(model_config)
     mesh = _scale_out(args, model_config)
-    return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers)
+    try:
+        return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers,
+                             init_opt_state=opt_state)
+    except OptimizerStateMismatch as err:  # raised before anything compiles
+        raise ValueError(f"--carry-optimizer-state: the dense run's optimizer state does not fit this run's "
+                         f"optimizer ({err}); pass --no-carry-optimizer-state to start it afresh") from err
 
 
 def _final_split(dataset) -> str | None:

@@ -95,3 +95,42 @@ def test_a_course_run_that_does_not_fit_exits_2(dense_run, flags, message, tmp_p
     assert main(["train", "vmoe", "--upcycle-from", str(dense_run), *flags, "--workdir", str(tmp_path / "moe"),
                  *FAST]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def _adam_and_schedule_counts(workdir: Path) -> tuple[int, int]:
+    import jax
+    import optax
+
+    state = load_run(workdir).opt_state
+    kinds = (optax.ScaleByAdamState, optax.ScaleByScheduleState)
+    nodes = [n for n in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, kinds)) if isinstance(n, kinds)]
+    adam = next(n for n in nodes if isinstance(n, optax.ScaleByAdamState))
+    schedule = next(n for n in nodes if isinstance(n, optax.ScaleByScheduleState))
+    return int(adam.count), int(schedule.count)
+
+
+@pytest.mark.parametrize("flags, carried", [([], True), (["--no-carry-optimizer-state"], False)])
+def test_a_course_run_carries_its_optimizer_state_by_default(dense_run, flags, carried, tmp_path, capsys):
+    """The dense run's Adam state (2 steps) is carried into the upcycled run: after its 1 step Adam has counted 3
+    and the schedule 1 (restarted at 0); with --no-carry-optimizer-state Adam has counted 1."""
+    argv = ["train", "vmoe", "--preset", "digits-tiny-moe", "--upcycle-from", str(dense_run), "--steps", "1",
+            "--workdir", str(tmp_path / "moe"), *flags, *FAST]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert ("optimizer state carried from the dense run" in out) == carried
+    assert ("fresh optimizer" in out) == (not carried)
+    assert _adam_and_schedule_counts(tmp_path / "moe") == ((3, 1) if carried else (1, 1))
+
+
+def test_carrying_the_optimizer_state_is_refused_where_it_cannot_be(dense_run, tmp_path, capsys):
+    """--carry-optimizer-state with a big_vision .npz (it holds no optimizer state), and the flag without
+    --upcycle-from, exit 2 with one line (a state that does not fit the run's optimizer:
+    tests/test_upcycle_optimizer.py)."""
+    argv = ["train", "vmoe", "--upcycle-from", str(BV_TOK), "--init-format", "big_vision", "--image-size", "32",
+            "--dataset", "imagefolder", "--data-dir", str(_folder(tmp_path / "data")), "--carry-optimizer-state",
+            "--workdir", str(tmp_path / "run"), *FAST]
+    assert main(argv) == 2
+    assert "--carry-optimizer-state: " in capsys.readouterr().err
+    assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--no-carry-optimizer-state", "--steps", "1",
+                 "--workdir", str(tmp_path / "x"), *FAST]) == 2
+    assert "apply with --upcycle-from only" in capsys.readouterr().err

@@ -44,8 +44,9 @@ class VMoEConfig(ViTConfig):
     "sum". google-research/vmoe sums them (vmoe/nn/vit_moe.py, ``EncoderMoe``: "Sum auxiliary losses from
     all blocks"), so with n MoE layers its aux term weighs n times this library's default; the paper
     (App. A) gives lambda = 0.01 per layer and does not say. The default "mean" keeps the aux term's weight
-    against the task loss the same whatever the placement (Last-2 or Every-2), so one lambda serves every
-    preset; choose "sum" to reproduce vmoe.
+    against the task loss the same whatever the placement (Last-2 or Every-2), so one lambda serves the CPU
+    presets; the presets named for the paper (``vmoe-*-every-2``, ``vmoe-*-last-n``, the Table 7 rows and the
+    "-i1k" variants) use "sum", as vmoe's code does (16 layers summed for H/14 Every-2).
     capacity_rounding: how B_e is rounded, one of ``moe_course.routing.ROUNDINGS``; "vmoe_round"
     reproduces vmoe's rounding (halves to even, a capacity of 0 raises; see ``expert_capacity``).
     capacity_multiple_of: None, or raise every B_e to the next multiple of it, as vmoe's dispatcher does by
@@ -130,7 +131,7 @@ def _paper(size: str, patch: int, depth: int, heads: int, width: int, mlp: int, 
     return VMoEConfig(
         name=f"vmoe-{size}/{patch}-{suffix}", image_size=224, patch_size=patch, width=width, depth=depth,
         heads=heads, mlp_dim=mlp, num_classes=JFT_CLASSES, representation_size=width, num_experts=32, k=2,
-        capacity_ratio=1.05, placement=placement, moe_last_n=last_n,
+        capacity_ratio=1.05, placement=placement, moe_last_n=last_n, aux_loss_reduction="sum",
     )
 
 
@@ -163,7 +164,8 @@ def _from_name(name: str) -> VMoEConfig:
 def _i1k(placement: str, k: int) -> VMoEConfig:
     suffix = "every-2" if placement == "every-2" else "last-2"
     return VMoEConfig(**{**asdict(VIT_S16_I1K), "name": f"vmoe-s/16-i1k-{suffix}-k{k}"}, num_experts=8, k=k,
-                      capacity_ratio=1.0 / k, placement=placement, moe_last_n=2, group_size=8, allocation="bpr")
+                      capacity_ratio=1.0 / k, placement=placement, moe_last_n=2, group_size=8, allocation="bpr",
+                      aux_loss_reduction="sum")
 
 
 VMOE_I1K_PRESETS = {cfg.name: cfg for cfg in (_i1k(p, k) for p in ("every-2", "last-n") for k in (1, 2))}

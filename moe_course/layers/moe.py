@@ -12,6 +12,7 @@ from jax.experimental import checkify
 from moe_course.layers.experts import Experts
 from moe_course import routing
 from moe_course.routing import apply_experts, nonfinite_tokens
+from moe_course.routing.losses import IMPORTANCE_SHARE
 
 
 def check_group_size(batch: int, group_size: int) -> None:
@@ -98,10 +99,13 @@ def route(routing, layer, logits, token_mask=None, **noise):
 
 def vmoe_aux_loss(routing, layer, logits, noisy_logits, token_mask=None):
     """weight * L_aux of V-MoE (App. A.2) over the kept tokens, for either framework (see ``route``).
-    Without router noise (noise_std=0) the load loss is undefined, so it is the importance loss alone."""
+    Without router noise (noise_std=0) the load loss is undefined, so it is the importance term alone at its share
+    of Eq. 7: weight * 0.5 * L_imp, as google-research/vmoe computes it (vmoe/nn/routing.py, the
+    ``deterministic or noise_std == 0.0`` branch of ``NoisyTopExpertsPerItemRouter``, with its weights 0.005 =
+    0.01 x 0.5; tests/test_reference_aux_loss.py)."""
     masked = {} if token_mask is None else {"mask": token_mask}
     if layer.noise_std == 0:
-        return layer.aux_loss_weight * routing.importance_loss(logits, **masked)
+        return layer.aux_loss_weight * IMPORTANCE_SHARE * routing.importance_loss(logits, **masked)
     losses = routing.auxiliary_losses(logits, noisy_logits, layer.k, noise_std=layer.noise_std, **masked)
     return layer.aux_loss_weight * losses.total
 

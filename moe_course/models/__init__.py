@@ -14,7 +14,7 @@ from moe_course.models.mod import MoDViT, mod_from_vit, mod_param_count
 from moe_course.models.output import ModelOutput
 from moe_course.models.vit import ViT, count_params, patchify, truncated_vit, vit_param_count
 from moe_course.models.soft_moe import SoftMoEViT, soft_moe_param_count
-from moe_course.models.upcycling import upcycle
+from moe_course.models.upcycling import OptimizerStateMismatch, upcycle, upcycle_optimizer_state
 from moe_course.models.vmoe import VMoE, temporary_routing, vmoe_param_count, with_routing
 
 _MODEL_FOR_CONFIG = {ViTConfig: ViT, VMoEConfig: VMoE, SoftMoEConfig: SoftMoEViT, MoDConfig: MoDViT,
@@ -38,7 +38,7 @@ def with_dtype(model: nnx.Module, dtype: str) -> nnx.Module:
     return copy
 
 
-__all__ = ["ContrastiveOutput", "LIMoE", "MoDViT", "ModelOutput", "SoftMoEViT", "VMoE", "ViT", "build_model",
-           "count_params", "limoe_param_count", "mod_from_vit", "mod_param_count", "patchify", "pruned_experts", "soft_moe_param_count",
-           "temporary_routing", "truncated_vit", "upcycle", "vit_param_count", "vmoe_param_count", "with_dtype",
-           "with_routing"]
+__all__ = ["ContrastiveOutput", "LIMoE", "MoDViT", "ModelOutput", "OptimizerStateMismatch", "SoftMoEViT", "VMoE",
+           "ViT", "build_model", "count_params", "limoe_param_count", "mod_from_vit", "mod_param_count",
+           "patchify", "pruned_experts", "soft_moe_param_count", "temporary_routing", "truncated_vit", "upcycle",
+           "upcycle_optimizer_state", "vit_param_count", "vmoe_param_count", "with_dtype", "with_routing"]

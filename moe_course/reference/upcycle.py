@@ -43,32 +43,42 @@ def _checked(checkpoint_format: str) -> str:
 
 def load_dense(path: str | os.PathLike, checkpoint_format: str | None = None, *,
                image_size: int | None = None) -> ViT:
-    """The dense ViT at ``path``: a big_vision ``.npz`` (``vit_from_big_vision``; image_size resizes its position
-    embeddings; its config says value_range="signed", the [-1, 1] pixels big_vision trained on) or a course run
-    directory (the newest checkpoint, ``train.restore.load_run``; image_size must be the run's). Raises
-    ValueError for a run that holds no dense ViT, or an image_size a run was not trained at."""
+    """The dense ViT of ``load_dense_run`` (without its optimizer state)."""
+    return load_dense_run(path, checkpoint_format, image_size=image_size)[0]
+
+
+def load_dense_run(path: str | os.PathLike, checkpoint_format: str | None = None, *,
+                   image_size: int | None = None) -> tuple[ViT, object]:
+    """(dense ViT, its optimizer state or None) at ``path``: a big_vision ``.npz`` (``vit_from_big_vision``;
+    image_size resizes its position embeddings; its config says value_range="signed", the [-1, 1] pixels
+    big_vision trained on; it holds no optimizer state: None) or a course run directory (the newest checkpoint,
+    ``train.restore.load_run``, with the optax state saved beside the parameters; image_size must be the run's).
+    Raises ValueError for a run that holds no dense ViT, or an image_size a run was not trained at."""
     from moe_course.train.restore import load_run
 
     checkpoint_format = dense_format(path, checkpoint_format)
     if checkpoint_format == "big_vision":
         dense = vit_from_big_vision(path, image_size=image_size)
         dense.config = dense.config.replace(value_range="signed")
-        return dense
-    dense = load_run(path).model
+        return dense, None
+    run = load_run(path)
+    dense = run.model
     if type(dense) is not ViT:
         raise ValueError(f"run {os.fspath(path)!r} holds a {type(dense).__name__}; upcycle a dense ViT run "
                          f"(moe-course train vit ...)")
     if image_size is not None and image_size != dense.config.image_size:
         raise ValueError(f"image_size={image_size} is not allowed for run {os.fspath(path)!r}: it was trained at "
                          f"{dense.config.image_size} px; a course run upcycles at its own image size")
-    return dense
+    return dense, run.opt_state
 
 
 def upcycle_start(dense: ViT, checkpoint_format: str, *, config: VMoEConfig | None = None,
-                  num_classes: int | None = None, seed: int = 0, name: str | None = None) -> VMoE:
+                  num_classes: int | None = None, seed: int = 0, name: str | None = None,
+                  optimizer_state=None):
     """The V-MoE an upcycling run starts from: ``dense`` (``load_dense``'s model of a ``checkpoint_format``
     checkpoint) upcycled to ``config`` (None: its own backbone with ``UPCYCLING_MOE``, named ``name`` or
-    "upcycled-<format>"), router from ``seed``.
+    "upcycled-<format>"), router from ``seed``. With ``optimizer_state`` (the dense run's, ``load_dense_run``)
+    returns (V-MoE, the state carried to it: ``models.upcycle(..., optimizer_state=...)``), else the V-MoE.
 
     num_classes: the run's dataset's classes. A big_vision checkpoint trained on another label set gets a fresh
     (zero) head for them first, as fine-tuning does (``reference.finetune.with_new_head``); a course run must have
@@ -85,4 +95,4 @@ def upcycle_start(dense: ViT, checkpoint_format: str, *, config: VMoEConfig | No
     if config is None:
         backbone = backbone_of(dense.config).__dict__
         config = VMoEConfig(**{**backbone, "name": name or f"upcycled-{checkpoint_format}"}, **UPCYCLING_MOE)
-    return upcycle(dense, config, seed=seed)
+    return upcycle(dense, config, seed=seed, optimizer_state=optimizer_state)

@@ -40,6 +40,13 @@ from moe_course.routing.checks import check_floating, check_int, check_ndim, che
 from moe_course.routing.router import default_noise_std
 
 AUX_LOSS_WEIGHT = 0.01  # lambda of V-MoE App. A.2: total loss = task loss + AUX_LOSS_WEIGHT * L_aux
+# The shares of Eq. 7, L_aux = 0.5 L_imp + 0.5 L_load. google-research/vmoe writes lambda times them as one weight
+# per loss (vmoe/configs/vmoe_paper/common.py: importance_loss_weight = load_loss_weight = 0.005) and, without
+# router noise, keeps the importance term at its weight and drops the load term (vmoe/nn/routing.py,
+# NoisyTopExpertsPerItemRouter._compute_gates_softmax_and_metrics): a noise-free layer's loss is
+# lambda * IMPORTANCE_SHARE * L_imp.
+IMPORTANCE_SHARE = 0.5
+LOAD_SHARE = 0.5
 
 
 def squared_coefficient_of_variation(values: jax.Array, axis: int = -1) -> jax.Array:
@@ -179,4 +186,4 @@ def auxiliary_losses(
     """
     importance = importance_loss(logits, mask)
     load = load_loss(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
-    return AuxLosses(importance, load, 0.5 * importance + 0.5 * load)
+    return AuxLosses(importance, load, IMPORTANCE_SHARE * importance + LOAD_SHARE * load)

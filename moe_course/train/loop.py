@@ -25,7 +25,7 @@ from moe_course.data.base import ImageDataset, steps_per_epoch
 from moe_course.data.pipeline import check_workers, close_pipeline, train_pipeline
 from moe_course.models import build_model
 from moe_course.parallel.process_share import assemble_batch, process_rows
-from moe_course.parallel.sharding import put, replicated
+from moe_course.parallel.sharding import put, put_tree, replicated
 from moe_course.parallel.training import check_mesh_fits, init_training_state, shard_training_state
 from moe_course.train.checkpoint import RunCheckpoints
 from moe_course.train.config import TrainConfig
@@ -195,6 +195,33 @@ def check_compatible(model_config, dataset: ImageDataset, config: TrainConfig) -
                              f"{tokenizer.vocab_size} pieces; use vocab_size >= {tokenizer.vocab_size}")
 
 
+def _carried_opt_state(carried, fresh, shardings):
+    """``carried`` checked against ``fresh`` (the run's optimizer's own initial state for the same parameters) and
+    copied onto the devices as ``fresh`` lies (``shardings``: the optimizer state's NamedShardings on a mesh, or
+    None). Raises OptimizerStateMismatch naming the first leaf whose tree place, shape or dtype differs."""
+    from moe_course.models.upcycling import OptimizerStateMismatch
+
+    carried_leaves, carried_tree = jax.tree_util.tree_flatten_with_path(carried)
+    fresh_leaves, fresh_tree = jax.tree_util.tree_flatten_with_path(fresh)
+    hint = ("carry the state of an optimizer made like this run's (make_optimizer(config): the same optimizer, "
+            "grad_clip, weight decay and mu_dtype as the dense run), or start the optimizer afresh")
+    if carried_tree != fresh_tree:
+        carried_paths = [jax.tree_util.keystr(path) for path, _ in carried_leaves]
+        fresh_paths = [jax.tree_util.keystr(path) for path, _ in fresh_leaves]
+        first = next((f"{a} where the run's optimizer has {b}" for a, b in zip(carried_paths, fresh_paths) if a != b),
+                     f"{len(carried_paths)} leaves where the run's optimizer has {len(fresh_paths)}"
+                     if len(carried_paths) != len(fresh_paths) else "the same leaves under other node types")
+        raise OptimizerStateMismatch(f"init_opt_state does not fit this run's optimizer: "
+                                     f"it has {first}; {hint}")
+    for (path, a), (_, b) in zip(carried_leaves, fresh_leaves):
+        if (jnp.shape(a), jnp.result_type(a)) != (jnp.shape(b), jnp.result_type(b)):
+            raise OptimizerStateMismatch(
+                f"init_opt_state{jax.tree_util.keystr(path)} is {jnp.result_type(a)}{list(jnp.shape(a))} where this "
+                f"run's optimizer keeps {jnp.result_type(b)}{list(jnp.shape(b))}; {hint}")
+    copied = jax.tree.map(jnp.array, carried)  # the step donates its state: the caller's arrays stay alive
+    return copied if shardings is None else put_tree(copied, shardings)
+
+
 def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, last_saved: int | None,
                   workdir, history: list[dict]) -> None:
     """Raise TrainingDiverged at the first non-finite loss in ``losses``, or for non-finite params before a save."""
@@ -252,6 +279,7 @@ def train(
     init_model: nnx.Module | None = None,
     mesh: Mesh | None = None,
     data_workers: int = 0,
+    init_opt_state=None,
 ) -> TrainResult:
     """Train ``build_model(model_config)`` on ``dataset``'s train split.
 
@@ -261,7 +289,12 @@ def train(
     without a final checkpoint, as a crash there would (for tests and lessons). ``init_model``: start from this
     model's weights instead of a fresh initialisation (fine-tuning, e.g. an MoD ViT adapted from a pretrained
     ViT); its config must equal ``model_config``, and a checkpoint in ``workdir`` still takes precedence. Every config problem raises ValueError before any
-    compilation.
+    compilation. ``init_opt_state`` (with ``init_model`` only): start from this optimizer state instead of
+    ``make_optimizer(config).init`` (a dense run's state carried into its upcycled V-MoE,
+    ``models.upcycle(..., optimizer_state=...)``); it must be the state that optimizer keeps for
+    ``init_model``'s parameters -- the same tree, shapes and dtypes -- or ``models.OptimizerStateMismatch`` (a
+    ValueError) names the first leaf that differs, before any compilation. It is copied (the step donates its
+    own); a checkpoint in ``workdir`` still takes precedence.
 
     ``mesh`` (``moe_course.parallel.make_mesh``): train sharded over its devices -- every device holds
     different images of each batch, the experts of every MoE layer are split over the ``expert`` axis and
@@ -297,6 +330,10 @@ def train(
     per_epoch = steps_per_epoch(dataset, config.batch_size)
     started = time.perf_counter()
 
+    if init_opt_state is not None and init_model is None:
+        raise ValueError("init_opt_state is given without init_model; the optimizer state belongs to the model "
+                         "whose parameters it tracks: pass both (models.upcycle(..., optimizer_state=...) "
+                         "returns both)")
     if init_model is not None and getattr(init_model, "config", None) != model_config:
         raise ValueError(f"init_model has config {getattr(init_model, 'config', None)!r}; it must equal model_config")
     tx = make_optimizer(config)
@@ -311,6 +348,8 @@ def train(
         graphdef, params, rest, opt_state, shardings = shard_training_state(init_model, mesh, tx)
     if init_model is not None:  # the step donates the parameters: the caller's model keeps its own arrays
         params = jax.tree.map(jnp.copy, params)
+    if init_opt_state is not None:
+        opt_state = _carried_opt_state(init_opt_state, opt_state, None if shardings is None else shardings[1])
     history: list[dict] = []
     start_step, resumed_from = 0, None
     checkpoints = None

@@ -61,3 +61,16 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     multiplier = lambda step: schedule(step) / config.learning_rate  # noqa: E731 -- in [0, 1]
     return optax.chain(*clip, direction, optax.scale(config.learning_rate), *decay,
                        optax.scale_by_schedule(multiplier), optax.scale(-1.0))
+
+
+def restart_schedule(opt_state):
+    """``opt_state`` with the step of every learning-rate schedule (``optax.ScaleByScheduleState.count``) set to 0
+    and everything else kept: a carried state (``models.upcycle(..., optimizer_state=...)``) then follows the new
+    run's own schedule from its step 0, as the training loop's step numbers and logged learning rate assume,
+    while Adam's moments and their bias-correction count stay the carried ones."""
+    def restart(node):
+        if isinstance(node, optax.ScaleByScheduleState):
+            return node._replace(count=jnp.zeros_like(node.count))
+        return node
+
+    return jax.tree.map(restart, opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))

@@ -17,7 +17,9 @@ from moe_course.train.optim import make_optimizer
 
 @dataclass
 class TrainedRun:
-    """model: parameters of the newest checkpoint. step: its step. history: metrics up to it."""
+    """model: parameters of the newest checkpoint. step: its step. history: metrics up to it. opt_state: the
+    optimizer state saved with them (the optax state of ``make_optimizer(train_config)`` on the model's
+    ``nnx.Param`` state), e.g. to carry into an upcycled V-MoE (``models.upcycle(..., optimizer_state=...)``)."""
 
     model: nnx.Module
     model_config: object
@@ -25,6 +27,7 @@ class TrainedRun:
     data: dict
     step: int
     history: list[dict]
+    opt_state: object = None
 
 
 def load_run(workdir: str | Path, step: int | None = None) -> TrainedRun:
@@ -53,4 +56,4 @@ def load_run(workdir: str | Path, step: int | None = None) -> TrainedRun:
     finally:
         checkpoints.close()
     return TrainedRun(nnx.merge(graphdef, state["params"], rest), model_config, train_config, record["data"],
-                      step, history)
+                      step, history, state["opt_state"])

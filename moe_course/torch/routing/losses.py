@@ -11,7 +11,8 @@ from typing import NamedTuple
 import torch
 
 from moe_course.routing.checks import check_int
-from moe_course.routing.losses import AUX_LOSS_WEIGHT, check_router_logits, check_same_shape, load_noise_std
+from moe_course.routing.losses import (AUX_LOSS_WEIGHT, IMPORTANCE_SHARE, LOAD_SHARE, check_router_logits,
+                                       check_same_shape, load_noise_std)
 from moe_course.torch.routing.router import top_k
 
 __all__ = ["AUX_LOSS_WEIGHT", "AuxLosses", "auxiliary_losses", "importance_loss", "importance_per_expert",
@@ -114,4 +115,4 @@ def auxiliary_losses(logits: torch.Tensor, noisy_logits: torch.Tensor, k: int, *
     mask: (groups, tokens) bool or None, the tokens that count (padding excluded)."""
     importance = importance_loss(logits, mask)
     load = load_loss(logits, noisy_logits, k, noise_std=noise_std, mask=mask)
-    return AuxLosses(importance, load, 0.5 * importance + 0.5 * load)
+    return AuxLosses(importance, load, IMPORTANCE_SHARE * importance + LOAD_SHARE * load)

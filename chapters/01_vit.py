@@ -479,10 +479,12 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `01_vit` asks you to write `patchify`, the patch embedding and its inverse `unpatchify`
-# (patches back to images) in NumPy, to predict a token tensor's shape before you write the embedding, to find the
-# bug in an attention function, and to explain why a ViT needs position embeddings (11 points, and 2 graded by the
-# instructor).
+# The exercise notebook `01_vit` asks you to write this chapter's ViT forward yourself in `jax.numpy`, piece by
+# piece, on the library's own parameter tree: the patches, the embedding (patch embedding, class token, position
+# embeddings), a LayerNorm, multi-head self-attention, one pre-LN encoder block and the whole forward, equal to the
+# library's logits. You also fix the bug in a given attention function, predict how many attention weights ViT-B/16
+# computes for one image before you write your attention, and explain why a ViT needs position embeddings (20
+# points, and 2 graded by the instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

@@ -76,8 +76,17 @@ top = np.argsort(-dense_gate, axis=1, kind="stable")[:, :k]  # (tokens, k) the k
 # `bytes = 2 * (n - 1) * g * (E / n) * B * D * 4` (float32), independent of how many slots are filled.
 ''',
 }
-# Exercise 7's byte count was an answer then (it is a debug task now, handed out): the formula above held it
-OLD_ANSWERS = {"07_scale.py": '''
+# Exercise 7's byte count was an answer then (it is a debug task now, handed out): the formula above held it.
+# Exercise 1's embed_patches was one then (issue 61 made the task the whole embedding, class token and position
+# embeddings included, in jax.numpy): the chapter's one-liner above held it.
+OLD_ANSWERS = {"01_vit.py": '''
+# %% nbgrader={"grade": false, "grade_id": "embed_answer", "locked": false, "schema_version": 3, "solution": true}
+def embed_patches(images, kernel, bias, patch_size):
+    ### BEGIN SOLUTION
+    p, _, c, width = kernel.shape
+    return patchify(images, patch_size) @ kernel.reshape(p * p * c, width) + bias
+    ### END SOLUTION
+''', "07_scale.py": '''
 # %% nbgrader={"grade": false, "grade_id": "bytes_answer", "locked": false, "schema_version": 3, "solution": true}
 def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):
     ### BEGIN SOLUTION

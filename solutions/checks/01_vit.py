@@ -2,9 +2,12 @@
 
 Runs in two places: in the grading sandbox (only ``cases`` and ``call``: the inputs, drawn from the grading
 seed, with NumPy alone) and in the grader (``reference``, with the library: ``moe_course.models.vit`` for the
-patches, the patch embedding, the way back to images and the predicted shape; ``moe_course.layers.attention``
-for the attention maps of the debug task). The sandbox gets this file
-without the references (``moe_course.course.limits.inputs``). See ``moe_course.course.inside.answers``.
+patches, the embedding and the whole forward; ``moe_course.layers`` for the LayerNorm (``nnx.LayerNorm`` with
+``block.LAYER_NORM_EPS``), the attention and the encoder block; the attention maps of the debug task from
+``moe_course.layers.attention``). Parameter trees are drawn here as plain nested dicts of NumPy arrays with the
+paths and shapes of ``nnx.to_pure_dict(nnx.state(ViT(config), nnx.Param))``, and the references load them into
+the library's modules (``_load``). The sandbox gets this file without the references
+(``moe_course.course.limits.inputs``). See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
@@ -14,6 +17,85 @@ from moe_course.course.inside.answers import Check
 
 def _normal(rng, *shape):
     return rng.normal(size=shape).astype(np.float32)
+
+
+def _dense(rng, fan_in, fan_out):
+    """A Linear layer's {"kernel": (fan_in, fan_out), "bias": (fan_out,)}, scaled as LeCun normal, nonzero bias."""
+    return {"kernel": _normal(rng, fan_in, fan_out) / np.float32(np.sqrt(fan_in)), "bias": 0.1 * _normal(rng, fan_out)}
+
+
+def _norm(rng, width):
+    """A LayerNorm's {"scale", "bias"} (width,), away from the initial ones and zeros."""
+    return {"scale": 1 + 0.2 * _normal(rng, width), "bias": 0.2 * _normal(rng, width)}
+
+
+def _attention_params(rng, width):
+    return {name: _dense(rng, width, width) for name in ("query", "key", "value", "out")}
+
+
+def _block_params(rng, width, mlp_dim):
+    return {"norm1": _norm(rng, width), "attn": _attention_params(rng, width), "norm2": _norm(rng, width),
+            "mlp": {"fc1": _dense(rng, width, mlp_dim), "fc2": _dense(rng, mlp_dim, width)}}
+
+
+# The small ViTs the embedding and forward checks use: (image_size, patch_size, channels, width, depth, heads,
+# mlp_dim, num_classes, pool, batch). A class token and average pooling; p = 1 (a token per pixel) too.
+_VITS = ((12, 4, 3, 16, 2, 2, 32, 5, "cls", 2), (8, 2, 1, 12, 1, 3, 24, 4, "gap", 3), (6, 1, 2, 8, 2, 1, 16, 3, "cls", 1))
+
+
+def _vit_params(rng, image_size, patch_size, channels, width, depth, mlp_dim, num_classes, pool):
+    """A ViT's parameter tree (learned position embeddings, no pre-logits layer), every leaf drawn."""
+    tokens = (image_size // patch_size) ** 2 + (pool == "cls")
+    proj = _dense(rng, patch_size * patch_size * channels, width)
+    tree = {"patch_embed": {"proj": {"kernel": proj["kernel"].reshape(patch_size, patch_size, channels, width),
+                                     "bias": proj["bias"]}},
+            "pos_embed": 0.5 * _normal(rng, 1, tokens, width),
+            "blocks": {i: _block_params(rng, width, mlp_dim) for i in range(depth)},
+            "norm": _norm(rng, width), "head": _dense(rng, width, num_classes)}
+    if pool == "cls":
+        tree["cls_token"] = 0.5 * _normal(rng, 1, 1, width)
+    return tree
+
+
+def _vit_cases(rng, with_heads):
+    cases = []
+    for size, p, channels, width, depth, heads, mlp, classes, pool, batch in _VITS:
+        params = _vit_params(rng, size, p, channels, width, depth, mlp, classes, pool)
+        images = rng.random((batch, size, size, channels)).astype(np.float32)
+        cases.append((params, images, heads) if with_heads else (params, images))
+    return cases
+
+
+def _config(params, images, heads=1):
+    """The library's ViTConfig of a drawn tree (its shapes say everything but the heads)."""
+    from moe_course.configs.vit import ViTConfig
+
+    p, _, channels, width = params["patch_embed"]["proj"]["kernel"].shape
+    return ViTConfig(image_size=images.shape[1], patch_size=p, channels=channels, width=width,
+                     depth=len(params["blocks"]), heads=heads,
+                     mlp_dim=params["blocks"][0]["mlp"]["fc1"]["kernel"].shape[1] if params["blocks"] else 4 * width,
+                     num_classes=params["head"]["kernel"].shape[1], pool="cls" if "cls_token" in params else "gap")
+
+
+def _load(module, params):
+    """``module`` (an nnx.Module) with its parameters replaced by the plain dict ``params`` (the paths of
+    ``nnx.to_pure_dict(nnx.state(module, nnx.Param))``; a missing or extra path raises)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    state = nnx.state(module, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(module, state)
+    return module
+
+
+def _library_vit(params, images, heads=1):
+    from flax import nnx
+
+    from moe_course.models.vit import ViT
+
+    return _load(ViT(_config(params, images, heads), rngs=nnx.Rngs(0)), params)
 
 
 # 1. patchify: square and non-square images, one and several channels, p = 1 (every pixel a patch).
@@ -28,68 +110,15 @@ def _patchify(images, patch_size):
     return np.asarray(patchify(images, patch_size))
 
 
-# 2. embed_patches: the library's PatchEmbed (a strided nnx.Conv) with a kernel and a nonzero bias drawn
-# here, scaled as its default (LeCun normal) initialisation, on a non-square and a square image.
-def _embed_cases(rng):
-    cases = []
-    for batch, height, width, channels, p, out in ((2, 9, 12, 2, 3, 6), (3, 8, 8, 3, 2, 5)):
-        kernel = (rng.normal(size=(p, p, channels, out)) / np.sqrt(p * p * channels)).astype(np.float32)
-        cases.append((_normal(rng, batch, height, width, channels), kernel, _normal(rng, out), p))
-    return cases
-
-
-def _embed(images, kernel, bias, patch_size):
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from moe_course.models.vit import PatchEmbed
-
-    p, _, channels, width = kernel.shape
-    layer = PatchEmbed(p, channels, width, rngs=nnx.Rngs(0))
-    layer.proj.kernel[...] = jnp.asarray(kernel)
-    layer.proj.bias[...] = jnp.asarray(bias)
-    return np.asarray(layer(jnp.asarray(images)))
-
-
-# 3. unpatchify: square and non-square images, p = 1, 2 and 3 (the answer works p out from the shapes). The
-# reference inverts the library's patchify: it patchifies an image of pixel numbers, which says where every
-# patch value comes from. Only values move, so the images must equal the reference exactly.
-def _unpatchify_cases(rng):
-    cases = []
-    for batch, height, width, channels, p in ((2, 6, 9, 2, 3), (1, 8, 4, 3, 2), (3, 5, 7, 1, 1), (2, 12, 12, 3, 4)):
-        cases.append((_normal(rng, batch, (height // p) * (width // p), p * p * channels), height, width, channels))
-    return cases
-
-
-def _unpatchify(patches, height, width, channels):
+# 2. embed: the library's ViT.embed (strided nnx.Conv patch embedding, class token, position embeddings) on the
+# drawn trees.
+def _embed(params, images):
     import jax.numpy as jnp
 
-    from moe_course.models.vit import patchify
-
-    batch, count, size = patches.shape
-    p = {q for q in range(1, min(height, width) + 1) if q * q * channels == size}.pop()
-    pixel = jnp.arange(height * width * channels).reshape(1, height, width, channels)
-    source = np.asarray(patchify(pixel, p)).reshape(-1)  # the pixel each patch value comes from
-    images = np.empty((batch, height * width * channels), patches.dtype)
-    images[:, source] = patches.reshape(batch, -1)
-    return images.reshape(batch, height, width, channels)
+    return np.asarray(_library_vit(params, images).embed(jnp.asarray(images)))
 
 
-# 2. the predicted token shape of 8 images of 224 x 160 pixels, 3 channels, cut into 16 x 16 patches and
-# embedded to width 384: no inputs (the question is fixed); the reference is the shape of the library's
-# PatchEmbed output (its shape only, computed abstractly by jax.eval_shape).
-def _shape(*_):
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from moe_course.models.vit import PatchEmbed
-
-    layer = PatchEmbed(16, 3, 384, rngs=nnx.Rngs(0))
-    return tuple(jax.eval_shape(lambda images: layer(images), jax.ShapeDtypeStruct((8, 224, 160, 3), jnp.float32)).shape)
-
-
-# 5. attention_weights (the debug task): queries and keys of several batch sizes, token counts, heads and head
+# 3. attention_weights (the debug task): queries and keys of several batch sizes, token counts, heads and head
 # widths, scaled up so that a missing 1/sqrt(d) changes every map; the reference is the library's
 # attention_weights (moe_course.layers.attention), the maps MultiHeadAttention returns.
 def _attention_cases(rng):
@@ -105,10 +134,99 @@ def _attention(q, k):
     return np.asarray(attention_weights(jnp.asarray(q), jnp.asarray(k)))
 
 
+# 4. the predicted number of attention weights one image makes ViT-B/16 (V-MoE Table 7's B at 224 x 224, class
+# token) compute over all its blocks: no inputs (the question is fixed); the reference counts the maps the
+# library's model returns with return_attention=True, from shapes only (jax.eval_shape: nothing is allocated).
+def _weights(*_):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.configs.vit import VIT_PRESETS
+    from moe_course.models.vit import ViT
+
+    config = VIT_PRESETS["vit-b/16"]
+    graph, state = nnx.split(nnx.eval_shape(lambda: ViT(config, rngs=nnx.Rngs(0))))
+    image = jax.ShapeDtypeStruct((1, config.image_size, config.image_size, config.channels), jnp.float32)
+    maps = jax.eval_shape(lambda s, x: nnx.merge(graph, s)(x, return_attention=True).attention, state, image)
+    return int(sum(np.prod(m.shape) for m in maps))
+
+
+# 5. layer_norm: widths 8 and 16 at unit scale, and tokens whose variance (1e-6) is as small as the epsilon, where
+# leaving it out changes every value; the reference is nnx.LayerNorm(epsilon=LAYER_NORM_EPS) with the drawn scale
+# and bias, as every block and the final norm of the library's ViT.
+def _layer_norm_cases(rng):
+    cases = []
+    for shape, spread in (((2, 5, 8), 1.0), ((3, 16), 2.0), ((2, 4, 16), 1e-3)):
+        width = shape[-1]
+        norm = _norm(rng, width)
+        cases.append((spread * _normal(rng, *shape) + 0.01 * _normal(rng, width), norm["scale"], norm["bias"]))
+    return cases
+
+
+def _layer_norm(x, scale, bias):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers.block import LAYER_NORM_EPS
+
+    norm = _load(nnx.LayerNorm(x.shape[-1], epsilon=LAYER_NORM_EPS, rngs=nnx.Rngs(0)), {"scale": scale, "bias": bias})
+    return np.asarray(norm(jnp.asarray(x)))
+
+
+# 6. self_attention: (batch, tokens, width, heads) with one head, several, and a head width of 1; the reference is
+# the library's MultiHeadAttention with the drawn projections: its output and maps (return_attention=True).
+_ATTENTION = ((2, 5, 8, 2), (1, 7, 12, 3), (3, 4, 4, 4))
+
+
+def _self_attention_cases(rng):
+    return [(_attention_params(rng, w), _normal(rng, b, t, w), h) for b, t, w, h in _ATTENTION]
+
+
+def _self_attention(params, x, heads):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers.attention import MultiHeadAttention
+
+    layer = _load(MultiHeadAttention(x.shape[-1], heads, rngs=nnx.Rngs(0)), params)
+    output, maps = layer(jnp.asarray(x), return_attention=True)
+    return np.asarray(output), np.asarray(maps)
+
+
+# 7. encoder_block: the drawn block parameters of two widths and MLP sizes; the reference is the library's
+# EncoderBlock (pre-LN, exact GELU), deterministic.
+def _block_cases(rng):
+    return [(_block_params(rng, w, m), _normal(rng, b, t, w), h) for b, t, w, h, m in ((2, 5, 8, 2, 16),
+                                                                                    (1, 6, 12, 3, 48))]
+
+
+def _block(params, x, heads):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers.block import EncoderBlock
+
+    width, mlp_dim = params["mlp"]["fc1"]["kernel"].shape
+    block = _load(EncoderBlock(width, heads, mlp_dim, rngs=nnx.Rngs(0)), params)
+    return np.asarray(block(jnp.asarray(x))[0])
+
+
+# 8. vit_forward: the logits of the library's ViT(config)(images, deterministic=True) on the drawn trees.
+def _forward(params, images, heads):
+    import jax.numpy as jnp
+
+    return np.asarray(_library_vit(params, images, heads)(jnp.asarray(images), deterministic=True).logits)
+
+
+_FLOAT = {"rtol": 1e-4, "atol": 1e-5}
 CHECKS = {
     "patchify_tests": Check(_patchify_cases, _patchify, exact=True),
-    "embed_tests": Check(_embed_cases, _embed, rtol=1e-4, atol=1e-5),
-    "unpatchify_tests": Check(_unpatchify_cases, _unpatchify, exact=True),
-    "shape_tests": Check(lambda rng: [()], _shape, exact=True),
+    "embed_tests": Check(lambda rng: _vit_cases(rng, False), _embed, **_FLOAT),
     "attention_tests": Check(_attention_cases, _attention, rtol=1e-4, atol=1e-6),
+    "weights_tests": Check(lambda rng: [()], _weights, exact=True, scalar=True),
+    "layer_norm_tests": Check(_layer_norm_cases, _layer_norm, **_FLOAT),
+    "self_attention_tests": Check(_self_attention_cases, _self_attention, **_FLOAT),
+    "block_tests": Check(_block_cases, _block, **_FLOAT),
+    "forward_tests": Check(lambda rng: _vit_cases(rng, True), _forward, **_FLOAT),
 }

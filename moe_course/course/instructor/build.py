@@ -111,11 +111,23 @@ def check_inputs_only(checks: Path, seeds=(0, 1)) -> None:
         for seed in seeds:
             ours = check_cases(check, grade_id, seed)
             theirs = check_cases(sandboxed[grade_id], grade_id, seed)
-            same = len(ours) == len(theirs) and all(
-                len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
-                for a, b in zip(ours, theirs))
+            same = len(ours) == len(theirs) and all(_same_input(a, b) for a, b in zip(ours, theirs))
             if not same:
                 raise ReleaseError(f"{checks}: the sandbox's version of {grade_id} draws other inputs for seed {seed}")
+
+
+def _same_input(a, b) -> bool:
+    """Whether two drawn inputs are equal: arrays and numbers by value, tuples and lists item by item, dicts (a
+    parameter tree) key by key."""
+    import numpy as np
+
+    if isinstance(a, dict) or isinstance(b, dict):
+        return isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys() and all(
+            _same_input(a[key], b[key]) for key in a)
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b) and all(
+            _same_input(x, y) for x, y in zip(a, b))
+    return np.array_equal(np.asarray(a), np.asarray(b))
 
 
 def graded_functions(solution: Path) -> dict[str, list[str]]:

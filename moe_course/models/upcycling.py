@@ -100,8 +100,8 @@ def upcycle_optimizer_state(optimizer_state, dense: ViT, moe: VMoE):
     through the same rules as the weights (``_upcycled_leaves``).
 
     optimizer_state: ``tx.init(params)`` or a later state of any optax optimizer, ``params`` the dense model's
-    ``nnx.state(dense, nnx.Param)`` (what ``train.train`` keeps and checkpoints; ``train.restore.load_run(...)
-    .opt_state``). Every part shaped like the parameters (Adam's ``mu`` and ``nu``, SGD's momentum ``trace``)
+    ``nnx.state(dense, nnx.Param)`` (what ``train.train`` keeps and checkpoints; the ``opt_state`` of
+    ``train.restore.load_run(...)``). Every part shaped like the parameters (Adam's ``mu`` and ``nu``, SGD's momentum ``trace``)
     is mapped as the weights are: a dense MLP's moment of shape ``s`` becomes ``(E, *s)`` for each MoE block's
     experts (``expand_tile``), the router's moments are zeros (router kernel shape (width, E), the dtype of the
     block's dense ``fc1`` kernel moment: float32, or bfloat16 under ``mu_dtype="bfloat16"``), every other moment

@@ -211,7 +211,9 @@ plt.show()
 #
 # Why not always upcycle with TOP-k first? With k = 1 the gate is the constant 1, so no gradient reaches the
 # router through it: the router could not learn. Exact preservation and a trainable top-1 router exclude each
-# other; the paper accepts the small shift and keeps its router.
+# other. The paper's vision models take a third way: Experts Choice with each token's weights over the experts
+# that took it divided by their sum (the config's `"token_normalized"` option here), so every token some expert
+# takes gets exactly the dense MLP's output at step 0, and only the tokens no expert takes lose it.
 #
 # </details>
 

@@ -168,6 +168,32 @@ def test_weight_decay_is_scaled_by_the_schedule_not_by_the_learning_rate():
     np.testing.assert_allclose(updates["dense"]["bias"], 0.0)
 
 
+
+def test_adamw_decays_the_kernels_only_as_big_vision():
+    """big_vision's default ``wd_mults`` is ``.*/kernel$``: with zero gradients, AdamW moves a ViT's kernels by
+    -lr wd p and leaves its position embedding, class token, biases and LayerNorms where they are (issue 63:
+    the decay mask was every array of ndim >= 2, position embedding and class token included)."""
+    from flax import nnx
+
+    from moe_course.configs.vit import ViTConfig
+    from moe_course.models import ViT
+
+    model = ViT(ViTConfig(image_size=8, patch_size=4, channels=3, width=8, depth=1, heads=2, mlp_dim=16,
+                          num_classes=3, pool="cls"), rngs=nnx.Rngs(0))
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    config = TrainConfig(steps=10, warmup_steps=0, learning_rate=1e-2, weight_decay=0.5, grad_clip=0.0,
+                         decay="linear", end_lr_ratio=1.0)
+    tx = make_optimizer(config)
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    moved = {jax.tree_util.keystr(path): float(np.abs(u).max())
+             for path, u in jax.tree_util.tree_leaves_with_path(updates)}
+    still = {name for name, size in moved.items() if size == 0.0}
+    assert {"['pos_embed']", "['cls_token']", "['head']['bias']", "['norm']['scale']"} <= still, still
+    assert all(name.endswith("['kernel']") for name in set(moved) - still), set(moved) - still
+    kernel = params["head"]["kernel"]
+    np.testing.assert_allclose(updates["head"]["kernel"], -1e-2 * 0.5 * kernel, rtol=1e-5)
+
+
 PALETTE = np.array([(255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255), (0, 255, 255),
                     (255, 255, 255), (0, 0, 0), (128, 128, 128), (255, 128, 0)])
 

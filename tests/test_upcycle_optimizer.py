@@ -94,20 +94,22 @@ def test_the_upcycled_adam_moments_are_the_dense_ones_tiled(train_config):
 
 def _by_hand_adamw_step(params, grads, adam, lr: float, config: TrainConfig):
     """One optax.adamw step written out (optax defaults b1=0.9, b2=0.999, eps=1e-8; global-norm clipping first;
-    decoupled decay lr x wd on arrays of ndim >= 2): the parameters after it."""
+    decoupled decay lr x wd on the parameters named "...kernel", as big_vision's ``.*/kernel$``): the parameters
+    after it."""
     b1, b2, eps = 0.9, 0.999, 1e-8
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     scale = jnp.minimum(1.0, config.grad_clip / norm)
     t = int(adam.count) + 1
 
-    def step(p, g, m, v):
+    def step(path, p, g, m, v):
+        decayed = str([k.key for k in path if isinstance(k, jax.tree_util.DictKey)][-1]).endswith("kernel")
         g = g * scale
         m = b1 * m + (1 - b1) * g
         v = b2 * v + (1 - b2) * g * g
         u = (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
-        return p - lr * (u + (config.weight_decay * p if p.ndim >= 2 else 0.0))
+        return p - lr * (u + (config.weight_decay * p if decayed else 0.0))
 
-    return jax.tree.map(step, params, grads, adam.mu, adam.nu)
+    return jax.tree_util.tree_map_with_path(step, params, grads, adam.mu, adam.nu)
 
 
 def test_the_first_update_of_a_carried_run_is_adam_on_the_tiled_state(tmp_path):

@@ -20,11 +20,12 @@ class TrainConfig:
     steps: optimizer steps. batch_size: examples per step. learning_rate: peak AdamW learning rate, reached
     after ``warmup_steps`` of linear warm-up and then decayed ("cosine" or "linear", as V-MoE Table 5) to
     ``end_lr_ratio`` of it.
-    weight_decay: decoupled AdamW decay on matrices (ndim >= 2). grad_clip: global-norm clipping (0 = off).
+    weight_decay: decoupled decay on the kernels only (``optim.kernel_mask``: big_vision's ``.*/kernel$``).
+    grad_clip: global-norm clipping (0 = off).
     seed: parameter init, dropout/noise keys and data order. log_every / eval_every / checkpoint_every: in
     steps (0 = never; the last step always logs, evaluates and checkpoints). keep_checkpoints: newest kept.
     eval_batch_size: examples per evaluation batch.
-    optimizer: "adamw" (optax.adamw: the decay step is learning rate x weight_decay, on every matrix, ndim >= 2;
+    optimizer: "adamw" (optax.adamw: the decay step is learning rate x weight_decay, on the kernels;
     the default), or big_vision's wiring (``big_vision/optax.py`` ``make``) of "adam" (``optax.scale_by_adam``)
     or "sgd" (``big_vision.momentum_hp``: ``optax.trace`` with ``momentum``): update = -m(t) x (learning_rate x
     direction + weight_decay x parameter), where m(t) in [0, 1] is the schedule's multiplier -- the weight

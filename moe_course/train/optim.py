@@ -41,8 +41,9 @@ def kernel_mask(params):
 def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     """Global-norm clipping (``grad_clip``; 0 = none) then the ``config.optimizer``.
 
-    "adamw": optax.adamw with the learning-rate schedule; weight decay (lr x weight_decay per step) only on
-    matrices and kernels (ndim >= 2). "adam" / "sgd": big_vision's chain (``big_vision/optax.py`` ``make``):
+    "adamw": optax.adamw with the learning-rate schedule; weight decay (lr x weight_decay per step) only on the
+    kernels (``kernel_mask``, big_vision's default ``wd_mults`` pattern: no decay of biases, LayerNorms, position
+    embeddings or the class token). "adam" / "sgd": big_vision's chain (``big_vision/optax.py`` ``make``):
     ``scale_by_adam(mu_dtype)`` or ``trace(momentum, accumulator_dtype=mu_dtype)``, ``scale(learning_rate)``,
     ``add_decayed_weights(weight_decay, kernel_mask)``, ``scale_by_schedule(schedule / learning_rate)``,
     ``scale(-1)``: the weight decay is scaled by the schedule's multiplier, not by the learning rate.
@@ -50,9 +51,8 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     clip = [optax.clip_by_global_norm(config.grad_clip)] if config.grad_clip else []
     mu_dtype = jnp.dtype(config.mu_dtype)
     if config.optimizer == "adamw":
-        decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
         return optax.chain(*clip, optax.adamw(learning_rate_schedule(config), weight_decay=config.weight_decay,
-                                              mask=decay_mask, mu_dtype=None if config.mu_dtype == "float32"
+                                              mask=kernel_mask, mu_dtype=None if config.mu_dtype == "float32"
                                               else mu_dtype))  # None: the parameters' dtype, as before
     schedule = learning_rate_schedule(config)
     direction = (optax.scale_by_adam(mu_dtype=mu_dtype) if config.optimizer == "adam"

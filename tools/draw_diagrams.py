@@ -138,7 +138,7 @@ def draw_01(ax):
             label(ax, 7.1, y + 0.75, "...", size=10)
     label(ax, 7.1, 5.28, "L encoder blocks", size=8.5, style="italic")
     arrow(ax, (4.55, 1.95), (6.45, 1.75))
-    _pre_ln_block(ax, 9.0, 0.9, "MLP: W2 gelu(W1 x)", DENSE, width=2.0)
+    _pre_ln_block(ax, 9.0, 0.9, "MLP\nW2 gelu(W1 x)", DENSE, width=2.0)
     arrow(ax, (7.75, 3.0), (8.75, 3.0), dashed=True, color="#888888")
     label(ax, 5.6, 0.55, "one block, zoomed: in self-attention every token attends to every token of its\n"
           "image (the maps can be returned); later chapters swap its MLP for a routed layer", size=7.5)

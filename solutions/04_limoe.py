@@ -48,7 +48,7 @@ except ImportError:
 # The small LIMoE layer: its aux loss is weight x the mean of 4 terms -- the z-loss over all real tokens, the
 # global entropy of the images (threshold TAUS["image"]), the local and global entropy of the text.
 LOSSES = {"image": ("global_entropy",), "text": ("local_entropy", "global_entropy")}
-TAUS = {"image": float(np.log(3)), "text": float(np.log(2))}
+TAUS = {"image": float(np.log(3.5)), "text": float(np.log(3.8))}
 SMALL = dict(width=8, hidden=16, num_experts=4, k=1, capacity_ratio=1.0, group_size=2, aux_loss_weight=0.04)
 
 

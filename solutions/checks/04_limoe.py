@@ -124,12 +124,12 @@ def _global_prediction():
 # image patches, captions and padding (-1) in (batch, tokens); (batch, tokens, width, experts, group_size):
 # several examples per routing group, and one per group with a group that has no text (the text terms average
 # over the groups with text only); thresholds that push in some groups, and an unthresholded text loss.
-_MOES = ((4, 6, 8, 4, 2, {"image": float(np.log(3)), "text": float(np.log(2))}, 0.04),
-         (3, 8, 6, 8, 1, {"image": float(np.log(5)), "text": None}, 0.01))
+_MOES = ((4, 6, 8, 4, 2, {"image": float(np.log(3.9)), "text": float(np.log(3.9))}, 0.04),
+         (3, 8, 6, 8, 1, {"image": float(np.log(7.5)), "text": None}, 0.01))
 
 
 def _moe_params(rng, width, hidden, experts):
-    return {"router": {"kernel": (1.5 * rng.normal(size=(width, experts))).astype(np.float32)},
+    return {"router": {"kernel": (0.6 * rng.normal(size=(width, experts))).astype(np.float32)},
             "experts": {"fc1_kernel": rng.normal(size=(experts, width, hidden)).astype(np.float32),
                         "fc1_bias": rng.normal(size=(experts, hidden)).astype(np.float32),
                         "fc2_kernel": rng.normal(size=(experts, hidden, width)).astype(np.float32),

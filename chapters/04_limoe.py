@@ -1128,10 +1128,8 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `04_limoe` asks you to write the entropy, the local and global entropy losses and the router
-# z-loss (App. B) in NumPy, to predict a global loss before you write it, to fix a modality's mean router
-# distribution that counts padding, and to explain why LIMoE needs entropy losses per modality (12 points + 2 by
-# the instructor).
+# The exercise notebook `04_limoe`: the entropy losses and router z-loss (App. B) in `jax.numpy`, combined into a
+# LIMoE layer's aux loss; a predicted global loss, a padding bug, why entropy losses per modality (15 + 2 points).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

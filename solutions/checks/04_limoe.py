@@ -2,7 +2,9 @@
 
 Runs in two places: in the grading sandbox (only ``cases``: the inputs, drawn from the grading seed, with
 NumPy alone) and in the grader (``reference``, with the library: ``moe_course.routing.entropy`` for the
-entropy losses and the predicted value, ``moe_course.routing.losses`` for the z-loss). See
+entropy losses and the predicted value, ``moe_course.routing.losses`` for the z-loss, and the aux loss of
+``moe_course.layers.multimodal_moe.MultimodalMoE``, into which the references load the parameter trees drawn here
+as plain nested dicts with the paths and shapes of ``nnx.to_pure_dict(nnx.state(layer, nnx.Param))``). See
 ``moe_course.course.inside.answers``.
 """
 
@@ -109,12 +111,62 @@ def _z(logits, mask):
     return float(router_z_loss(jnp.asarray(logits), jnp.asarray(mask)))
 
 
-# 5. the predicted thresholded global loss (tau = log 4) of 8 text tokens split, with certainty, over 2 of 8
-# experts: no inputs (the question is fixed); the reference is the library's loss on such logits.
+# 5. the predicted thresholded global loss (tau = log 4) of the text in two groups of 8 tokens: 6 + 2 tokens
+# certain of experts 0 and 1, and 8 uniform tokens (8 experts): no inputs (the question is fixed); the reference
+# is the library's loss on such logits.
 def _global_prediction():
-    logits = np.zeros((1, 8, 8), np.float32)
-    logits[0, :4, 0] = logits[0, 4:, 1] = 50.0
-    return _global(logits, np.ones((1, 8), bool), float(np.log(4)))
+    logits = np.zeros((2, 8, 8), np.float32)
+    logits[0, :6, 0] = logits[0, 6:, 1] = 50.0
+    return _global(logits, np.ones((2, 8), bool), float(np.log(4)))
+
+
+# 7. limoe_aux_loss: a MultimodalMoE's parameter tree (router and experts), tokens, and a modality array of
+# image patches, captions and padding (-1) in (batch, tokens); (batch, tokens, width, experts, group_size):
+# several examples per routing group, and one per group with a group that has no text (the text terms average
+# over the groups with text only); thresholds that push in some groups, and an unthresholded text loss.
+_MOES = ((4, 6, 8, 4, 2, {"image": float(np.log(3.9)), "text": float(np.log(3.9))}, 0.04),
+         (3, 8, 6, 8, 1, {"image": float(np.log(7.5)), "text": None}, 0.01))
+
+
+def _moe_params(rng, width, hidden, experts):
+    return {"router": {"kernel": (0.6 * rng.normal(size=(width, experts))).astype(np.float32)},
+            "experts": {"fc1_kernel": rng.normal(size=(experts, width, hidden)).astype(np.float32),
+                        "fc1_bias": rng.normal(size=(experts, hidden)).astype(np.float32),
+                        "fc2_kernel": rng.normal(size=(experts, hidden, width)).astype(np.float32),
+                        "fc2_bias": rng.normal(size=(experts, width)).astype(np.float32)}}
+
+
+def _aux_cases(rng):
+    cases = []
+    for batch, tokens, width, experts, group_size, taus, weight in _MOES:
+        patches = tokens // 2
+        modality = np.zeros((batch, tokens), np.int32)
+        for b in range(batch):
+            text = rng.integers(1, tokens - patches + 1)
+            modality[b, patches:patches + text], modality[b, patches + text:] = 1, -1
+        if group_size == 1:
+            modality[0, patches:] = 0  # a group without text
+        x = rng.normal(size=(batch, tokens, width)).astype(np.float32)
+        cases.append((_moe_params(rng, width, 2 * width, experts), x, modality, group_size, taus, weight))
+    return cases
+
+
+def _aux(params, x, modality, group_size, taus, weight):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers.multimodal_moe import MultimodalMoE
+
+    width, experts = params["router"]["kernel"].shape
+    layer = MultimodalMoE(width, params["experts"]["fc1_bias"].shape[1], experts, taus=taus, joint=("z_loss",),
+                          losses={"image": ("global_entropy",), "text": ("local_entropy", "global_entropy")},
+                          k=1, capacity_ratio=1.0, group_size=group_size, aux_loss_weight=weight, rngs=nnx.Rngs(0))
+    state = nnx.state(layer, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(layer, state)
+    modality = jnp.asarray(modality)
+    return float(layer(jnp.asarray(x), modality=modality, token_mask=modality >= 0).aux_loss)
 
 
 CHECKS = {
@@ -124,4 +176,5 @@ CHECKS = {
     "z_tests": Check(_z_cases, _z, rtol=1e-4, atol=1e-6, scalar=True),
     "marginal_tests": Check(_marginal_cases, _marginal, rtol=1e-4, atol=1e-6),
     "global_prediction_tests": Check(lambda rng: [()], _global_prediction, rtol=0.0, atol=1e-3, scalar=True),
+    "aux_tests": Check(_aux_cases, _aux, rtol=1e-4, atol=1e-7, scalar=True),
 }

@@ -176,9 +176,11 @@ print(freeze("PREDICTED_PATCHES", globals().get("PREDICTED_PATCHES")))
 # %% nbgrader={"grade": false, "grade_id": "scores_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def router_scores(params, x, previous_attention):
     ### BEGIN SOLUTION
-    if "router" in params:
-        return jnp.asarray(x, jnp.float32) @ params["router"]["kernel"][:, 0]
-    return jnp.mean(jnp.asarray(previous_attention, jnp.float32), axis=(1, 2))
+    if "router" not in params:  # attention routing: 1/(H N) times what each key token receives
+        maps = jnp.asarray(previous_attention, jnp.float32)
+        heads, queries = maps.shape[1:3]
+        return jnp.sum(maps, axis=(1, 2)) / (heads * queries)
+    return jnp.einsum("btd,d->bt", jnp.asarray(x, jnp.float32), params["router"]["kernel"][:, 0])
     ### END SOLUTION
 
 

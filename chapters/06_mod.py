@@ -842,10 +842,12 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `06_mod` asks you to write an MoD block's capacity and top-K selection, to predict how many
-# patches a block keeps before your selection counts them, to fix a block whose gate is unbounded, to write the
-# standard router's gradient by hand (the gate that makes the router learn), and to explain what a clipped gate would
-# do (15 points, 2 of them graded by your instructor).
+# The exercise notebook `06_mod` asks you to write an MoD block yourself in `jax.numpy` on the library's parameter
+# tree -- its capacity, routing scores (standard and attention), top-K selection, the given encoder block run on the
+# selected tokens only and their gated update scattered back, equal to `MoDBlock` -- to predict how many patches a
+# block keeps before your selection counts them, to fix a block whose gate is unbounded, to write the standard
+# router's gradient by hand (the gate that makes the router learn), and to explain what a clipped gate would do
+# (20 points, 2 of them graded by your instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

@@ -1,14 +1,89 @@
 """Checks of assignment 06 (Mixture-of-Depths routing): the inputs each answer is called on, and the course
-library's reference (``moe_course.routing.mod``).
+library's reference (``moe_course.routing.mod`` for the pieces, ``moe_course.layers.mod.MoDBlock`` for the block).
 
 Runs in two places: in the grading sandbox (``cases`` and ``call``: the inputs, drawn from the grading seed,
-and how the answers are called, with NumPy alone) and in the grader (``reference``, with the library). See
-``moe_course.course.inside.answers``.
+and how the answers are called, with NumPy alone) and in the grader (``reference``, with the library). Parameter
+trees are drawn here as plain nested dicts of NumPy arrays with the paths and shapes of
+``nnx.to_pure_dict(nnx.state(MoDBlock(...), nnx.Param))``, and the block's reference loads them into the library's
+module. See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
 
 from moe_course.course.inside.answers import Check
+
+
+def _normal(rng, *shape):
+    return rng.normal(size=shape).astype(np.float32)
+
+
+def _dense(rng, fan_in, fan_out):
+    return {"kernel": _normal(rng, fan_in, fan_out) / np.float32(np.sqrt(fan_in)), "bias": 0.1 * _normal(rng, fan_out)}
+
+
+def _norm(rng, width):
+    return {"scale": 1 + 0.2 * _normal(rng, width), "bias": 0.2 * _normal(rng, width)}
+
+
+def _mod_params(rng, width, mlp_dim, router):
+    """An MoDBlock's tree: the wrapped encoder block, and a (width, 1) router under standard routing only."""
+    block = {"norm1": _norm(rng, width), "attn": {n: _dense(rng, width, width) for n in ("query", "key", "value", "out")},
+             "norm2": _norm(rng, width), "mlp": {"fc1": _dense(rng, width, mlp_dim), "fc2": _dense(rng, mlp_dim, width)}}
+    return {"block": block, "router": {"kernel": _normal(rng, width, 1)}} if router == "standard" else {"block": block}
+
+
+def _maps(rng, batch, heads, tokens):
+    """Attention maps (batch, heads, tokens, tokens): rows drawn from a Dirichlet of concentration 0.3 (peaked,
+    summing to 1), so that the tokens' received attention is spread far apart."""
+    return rng.dirichlet(np.full(tokens, 0.3), size=(batch, heads, tokens)).astype(np.float32)
+
+
+# scores_tests: both routers, each case with a tree of each kind (maps given to the standard one too: it ignores them).
+def _scores_cases(rng):
+    cases = []
+    for batch, tokens, width, heads, router in ((2, 7, 8, 2, "standard"), (3, 5, 6, 3, "standard"),
+                                                  (2, 7, 8, 2, "attention"), (1, 9, 4, 4, "attention")):
+        cases.append((_mod_params(rng, width, 2 * width, router), _normal(rng, batch, tokens, width),
+                      _maps(rng, batch, heads, tokens)))
+    return cases
+
+
+def _scores(params, x, previous_attention):
+    import jax.numpy as jnp
+
+    from moe_course.routing.mod import attention_router_scores, standard_router_scores
+
+    if "router" in params:
+        return np.asarray(standard_router_scores(jnp.asarray(x), jnp.asarray(params["router"]["kernel"])))
+    return np.asarray(attention_router_scores(jnp.asarray(previous_attention)))
+
+
+# forward_tests: the library's MoDBlock (deterministic) with the drawn tree loaded, on both routers, with and
+# without keep_first, at capacities that keep one token, a third and most; its output and record.index.
+_BLOCKS = ((2, 9, 8, 2, 16, "standard", 0.5, True), (1, 7, 12, 3, 24, "standard", 0.15, False),
+           (2, 8, 8, 1, 16, "attention", 0.34, True), (3, 6, 8, 4, 8, "attention", 0.8, False))
+
+
+def _forward_cases(rng):
+    return [(_mod_params(rng, w, m, router), _normal(rng, b, t, w), h, c, first, _maps(rng, b, h, t))
+            for b, t, w, h, m, router, c, first in _BLOCKS]
+
+
+def _forward(params, x, heads, capacity, keep_first, previous_attention):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers.mod import MoDBlock
+
+    width, mlp_dim = params["block"]["mlp"]["fc1"]["kernel"].shape
+    block = MoDBlock(width, heads, mlp_dim, capacity=capacity, router="standard" if "router" in params else "attention",
+                     keep_first=keep_first, num_tokens=x.shape[1], rngs=nnx.Rngs(0))
+    state = nnx.state(block, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(block, state)
+    y, _, record = block(jnp.asarray(x), previous_attention=jnp.asarray(previous_attention))
+    return np.asarray(y), np.asarray(record.index)
 
 
 def _capacity_cases(rng):
@@ -99,8 +174,10 @@ def _patches():
 
 CHECKS = {
     "capacity_tests": Check(_capacity_cases, _capacity, exact=True, scalar=True),
+    "scores_tests": Check(_scores_cases, _scores, rtol=1e-5, atol=1e-6),
     "select_tests": Check(_select_cases, _select, exact=True),
     "block_tests": Check(_block_cases, _block, rtol=1e-4, atol=1e-4),
+    "forward_tests": Check(_forward_cases, _forward, rtol=1e-4, atol=1e-5),
     "gradient_tests": Check(_gradient_cases, _gradient, rtol=1e-4, atol=1e-5),
     "patches_tests": Check(lambda rng: [()], _patches, exact=True, scalar=True),  # a prediction: no inputs
 }

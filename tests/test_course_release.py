@@ -83,7 +83,7 @@ DEBUG_TASKS = {"01_vit": "attention_debug", "02_moe_layer": "softmax_debug", "03
 
 
 @pytest.mark.parametrize("name", sorted(DEBUG_TASKS))
-def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name):
+def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name, tmp_path, monkeypatch):
     """The released debug cell holds the handout code (the planted bug), not nbgrader's stub; run on the grader's
     inputs (after the solution's cells above it: the learner's earlier answers), that code fails the check of the
     test cell that records its function (the fixed code in the solution passes it: the grading round trip's full
@@ -99,6 +99,7 @@ def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name):
     handout = by_id[DEBUG_TASKS[name]]
     assert "NotImplementedError" not in handout and "HANDOUT" not in handout, handout
     namespace = {}
+    monkeypatch.chdir(tmp_path)  # a prediction's record cell writes NN_slug.predictions.json beside the notebook
     for cell in build.source_notebook(ROOT / "solutions" / f"{name}.py").cells:  # setup and the answers above it
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("grade_id") == DEBUG_TASKS[name]:

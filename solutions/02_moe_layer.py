@@ -302,14 +302,17 @@ _answers.record("combine_tests", combine)
 #
 # `experts(params, buffers)` gets `params["experts"]` of the tree (above) and buffers `(groups, E, capacity, D)`
 # and returns the same shape: buffer e goes through expert e's MLP, `gelu(x @ fc1_kernel[e] + fc1_bias[e]) @
-# fc2_kernel[e] + fc2_bias[e]`, with the exact GELU (`jax.nn.gelu(..., approximate=False)`).
+# fc2_kernel[e] + fc2_bias[e]`, with the exact GELU (`jax.nn.gelu(..., approximate=False)`). Write one expert's MLP
+# for one buffer and let `jax.vmap` map it over the experts: axis 0 of every parameter, axis 1 of the buffers.
 
 # %% nbgrader={"grade": false, "grade_id": "experts_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def experts(params, buffers):
     ### BEGIN SOLUTION
-    h = jnp.einsum("gecd,edh->gech", buffers, params["fc1_kernel"]) + params["fc1_bias"][None, :, None]
-    h = jax.nn.gelu(h, approximate=False)
-    return jnp.einsum("gech,ehd->gecd", h, params["fc2_kernel"]) + params["fc2_bias"][None, :, None]
+    def one_expert(p, x):  # p: one expert's parameters; x: its buffers (groups, capacity, D)
+        h = jax.nn.gelu(x @ p["fc1_kernel"] + p["fc1_bias"], approximate=False)
+        return h @ p["fc2_kernel"] + p["fc2_bias"]
+
+    return jax.vmap(one_expert, in_axes=(0, 1), out_axes=1)(params, jnp.asarray(buffers))
     ### END SOLUTION
 
 

@@ -1045,10 +1045,12 @@ if torch is not None:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `02_moe_layer` asks you to write TOP-k routing, the expert capacity, Experts Choice (which
-# no chapter writes out) and the importance and load losses in NumPy, to predict what Experts Choice leaves out, to
-# fix a gate that takes its softmax after TOP-k, and to explain why tokens are dropped (18 points + 2 by the
-# instructor).
+# The exercise notebook `02_moe_layer` asks you to build this chapter's sparse MoE layer yourself in `jax.numpy`,
+# on the library's parameter tree: TOP-k routing, the expert capacity, the allocation without a loop over tokens,
+# dispatch and combine, the experts and the importance and load losses, put together into a layer that must equal
+# `SparseMoE`, and then its router gradient with k = 1 in both gate orders. You predict which tokens an untrained
+# router leaves without an expert, fix a gate that takes its softmax after TOP-k, and explain why tokens are
+# dropped (29 points + 2 by the instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

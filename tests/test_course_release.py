@@ -252,6 +252,21 @@ OLD_ROUTING = '''def _routing(rng, shape, num_experts, decimals=None):
     expert_index = np.argsort(-probs, axis=-1, kind="stable")[..., :k].astype(np.int32)
     return expert_index, np.take_along_axis(probs, expert_index, axis=-1)
 '''
+OLD_TOP_K = '''# %% nbgrader={"grade": false, "grade_id": "topk_answer", "locked": false, "schema_version": 3, "solution": true}
+def top_k_routing(logits, k):
+    ### BEGIN SOLUTION
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
+    expert_index = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    return expert_index, np.take_along_axis(probs, expert_index, axis=-1)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "topk_tests", "locked": true, "points": 3, "schema_version": 3, "solution": false}
+### BEGIN HIDDEN TESTS
+_answers.record("topk_tests", top_k_routing)
+### END HIDDEN TESTS
+'''
 ROUTING_CHECKS = (CHECKS_HEADER + "{helper}\n\ndef _cases(rng):\n    return [{call}]\n\n\n"
                   "CHECKS = {{'served_tests': Check(_cases, lambda i, g: int(i.sum()), scalar=True)}}\n")
 
@@ -267,8 +282,8 @@ def test_a_helper_that_holds_a_solution_functions_code_is_refused_whatever_its_s
 
     folder = tmp_path / "solutions"
     (folder / "checks").mkdir(parents=True)
-    for name in ("02_moe_layer.py", "checks/02_moe_layer.py"):
-        shutil.copyfile(ROOT / "solutions" / name, folder / name)
+    shutil.copyfile(ROOT / "solutions" / "checks" / "02_moe_layer.py", folder / "checks" / "02_moe_layer.py")
+    (folder / "02_moe_layer.py").write_text(OLD_TOP_K)  # 02's NumPy answer before issue 61 (now in jax.numpy)
     (folder / "03_vmoe_bpr.py").write_text("_answers.record('served_tests', bpr_top1_served)\n")
     (folder / "checks" / "03_vmoe_bpr.py").write_text(ROUTING_CHECKS.format(helper=helper, call=call))
     with pytest.raises(build.ReleaseError) as refused:

@@ -86,6 +86,15 @@ def embed_patches(images, kernel, bias, patch_size):
     p, _, c, width = kernel.shape
     return patchify(images, patch_size) @ kernel.reshape(p * p * c, width) + bias
     ### END SOLUTION
+''', "02_moe_layer.py": '''
+# %% nbgrader={"grade": false, "grade_id": "topk_answer", "locked": false, "schema_version": 3, "solution": true}
+def top_k_routing(logits, k):
+    ### BEGIN SOLUTION
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    probs = np.exp(shifted) / np.exp(shifted).sum(axis=-1, keepdims=True)
+    expert_index = np.argsort(-probs, axis=-1, kind="stable")[..., :k]
+    return expert_index, np.take_along_axis(probs, expert_index, axis=-1)
+    ### END SOLUTION
 ''', "07_scale.py": '''
 # %% nbgrader={"grade": false, "grade_id": "bytes_answer", "locked": false, "schema_version": 3, "solution": true}
 def mesh_bytes(total_groups, tokens_per_group, num_experts, k, capacity_ratio, dim, data, expert, itemsize=4):

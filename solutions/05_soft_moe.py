@@ -151,17 +151,49 @@ _answers.record("logits_tests", soft_logits)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## 2. Predict first (2 points)
+# ## 2. Debug: the slot inputs of a port (2 points)
 #
-# Before you write the dispatch weights (task 3), and without running anything: one 224 x 224 image goes
+# `slot_inputs(x, dispatch)` below computes the input slots `X~ = D^T X` (Eq. 1) as a public port of Soft MoE
+# wrote it: tokens `x` `(batch, tokens, D)` and dispatch weights `(batch, tokens, S)` -> `(batch, S, D)`,
+# every slot a weighted average of its image's tokens. It runs, its shapes are right -- and one line is not
+# the paper's layer (Soft MoE Sec. 2.1; google-research/vmoe `vmoe/projects/soft_moe/router.py`; chapter 5,
+# section 1 says which kind of mistake public ports made). Run the test below it, find the line and fix it in
+# the cell (change as little as you can).
+
+# %% nbgrader={"grade": false, "grade_id": "layer_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
+### BEGIN HANDOUT
+def slot_inputs(x, dispatch):
+    x_unit = x / jnp.sqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + EPS)
+    return jnp.einsum("gts,gtd->gsd", dispatch, x_unit)
+### END HANDOUT
+### BEGIN SOLUTION
+def slot_inputs(x, dispatch):
+    return jnp.einsum("gts,gtd->gsd", dispatch, x)  # the raw tokens: the normalisation is for the logits only
+### END SOLUTION
+
+
+# %% nbgrader={"grade": true, "grade_id": "slots_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
+one = 5.0 * rng.normal(size=(1, 1, SMALL["width"])).astype(np.float32)  # one token, one slot
+assert np.allclose(slot_inputs(one, np.ones((1, 1, 1), np.float32)), one, atol=1e-5), \
+    "one token dispatched wholly to one slot must come out as that slot, unchanged"
+print("ok: slot_inputs' slot of a single token is the token")
+### BEGIN HIDDEN TESTS
+import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.soft
+_answers.record("slots_tests", slot_inputs)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## 3. Predict first (2 points)
+#
+# Before you write the dispatch weights (task 4), and without running anything: one 224 x 224 image goes
 # through a ViT-B/16 (196 patch tokens, no class token, width 768) whose last 6 of its 12 blocks have a Soft
 # MoE layer with 128 experts of one slot each, as in the paper's Soft MoE-B/16. How many dispatch weights
 # (the numbers in all the dispatch matrices D, over those 6 layers) does its forward pass compute for that
-# image? The notebook never runs this model; the check after task 3 counts one such layer's with your code.
+# image? The notebook never runs this model; the check after task 4 counts one such layer's with your code.
 #
 # In the cell below, replace `raise NotImplementedError()` with `PREDICTED_DISPATCH_WEIGHTS = <an integer>`.
 # The cell under it records your first answer in `05_soft_moe.predictions.json` beside this notebook; the
-# check after task 3 reports a changed one (the first answer counts).
+# check after task 4 reports a changed one (the first answer counts).
 
 # %% nbgrader={"grade": false, "grade_id": "dispatch_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 ### BEGIN SOLUTION
@@ -172,7 +204,7 @@ PREDICTED_DISPATCH_WEIGHTS = 6 * 196 * 128
 print(freeze("PREDICTED_DISPATCH_WEIGHTS", globals().get("PREDICTED_DISPATCH_WEIGHTS")))
 
 # %% [markdown]
-# ## 3. Dispatch and combine weights (2 points)
+# ## 4. Dispatch and combine weights (2 points)
 #
 # `soft_weights(logits)` gets logits `(batch, tokens, S)` and returns the pair `(dispatch, combine)`, both
 # `(batch, tokens, S)`: the dispatch weights D (Eq. 1), a softmax over the TOKENS for every slot, and the
@@ -214,38 +246,6 @@ print(f"ok: predicted {PREDICTED_DISPATCH_WEIGHTS} dispatch weights, 6 layers of
 ### BEGIN HIDDEN TESTS
 import moe_course.course.inside.answers as _answers  # the grader counts them with moe_course.routing.soft
 _answers.record("dispatch_tests", lambda: PREDICTED_DISPATCH_WEIGHTS)
-### END HIDDEN TESTS
-
-# %% [markdown]
-# ## 4. Debug: the slot inputs of a port (2 points)
-#
-# `slot_inputs(x, dispatch)` below computes the input slots `X~ = D^T X` (Eq. 1) as a public port of Soft MoE
-# wrote it: tokens `x` `(batch, tokens, D)` and dispatch weights `(batch, tokens, S)` -> `(batch, S, D)`,
-# every slot a weighted average of its image's tokens. It runs, its shapes are right -- and one line is not
-# the paper's layer (Soft MoE Sec. 2.1; google-research/vmoe `vmoe/projects/soft_moe/router.py`; chapter 5,
-# section 1 says which kind of mistake public ports made). Run the test below it, find the line and fix it in
-# the cell (change as little as you can).
-
-# %% nbgrader={"grade": false, "grade_id": "layer_debug", "locked": false, "schema_version": 3, "solution": true, "task": false}
-### BEGIN HANDOUT
-def slot_inputs(x, dispatch):
-    x_unit = x / jnp.sqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True) + EPS)
-    return jnp.einsum("gts,gtd->gsd", dispatch, x_unit)
-### END HANDOUT
-### BEGIN SOLUTION
-def slot_inputs(x, dispatch):
-    return jnp.einsum("gts,gtd->gsd", dispatch, x)  # the raw tokens: the normalisation is for the logits only
-### END SOLUTION
-
-
-# %% nbgrader={"grade": true, "grade_id": "slots_tests", "locked": true, "points": 2, "schema_version": 3, "solution": false, "task": false}
-one = 5.0 * rng.normal(size=(1, 1, SMALL["width"])).astype(np.float32)  # one token, one slot
-assert np.allclose(slot_inputs(one, np.ones((1, 1, 1), np.float32)), one, atol=1e-5), \
-    "one token dispatched wholly to one slot must come out as that slot, unchanged"
-print("ok: slot_inputs' slot of a single token is the token")
-### BEGIN HIDDEN TESTS
-import moe_course.course.inside.answers as _answers  # the grader compares the outputs with moe_course.routing.soft
-_answers.record("slots_tests", slot_inputs)
 ### END HIDDEN TESTS
 
 # %% [markdown]
@@ -346,7 +346,7 @@ _answers.record("block_tests", soft_moe_block)
 # %% [markdown]
 # ## 8. Explain (2 points, graded by your instructor)
 #
-# The port of task 4 trains without an error, and its authors reported reasonable accuracy. In three to six
+# The port of task 2 trains without an error, and its authors reported reasonable accuracy. In three to six
 # sentences: what do its experts never see, why can neither the dispatch nor the combine weights give it back,
 # and in which of this course's images would you expect it to matter? (Think of the digit canvases with
 # clutter: which patches are faint, which strong?) Write your answer in the cell below, in place of `YOUR ANSWER

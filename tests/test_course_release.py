@@ -117,7 +117,7 @@ def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name):
 
 
 def test_exercise_5s_debug_test_shows_the_normalised_slots():
-    """Task 4's visible test fails on the handed-out port (slots of normalised tokens) with a message that names
+    """Task 2's visible test fails on the handed-out port (slots of normalised tokens) with a message that names
     the symptom and no expected value, and passes on the fixed code."""
     cells = build.source_notebook(ROOT / "solutions" / "05_soft_moe.py").cells
     visible = {c.metadata["nbgrader"]["grade_id"]: c.source.split("### BEGIN HIDDEN TESTS")[0]

@@ -87,7 +87,7 @@ def _logits(params, x):
     return np.asarray(soft_logits(x, params["phi"], params["scale"]))
 
 
-# 3. soft_weights: logits of scale 3 (far from uniform) with more tokens than slots and fewer.
+# 4. soft_weights: logits of scale 3 (far from uniform) with more tokens than slots and fewer.
 def _weights_cases(rng):
     return [(3 * _normal(rng, 2, 9, 4),), (3 * _normal(rng, 3, 3, 6),)]
 
@@ -98,7 +98,7 @@ def _weights(logits):
     return np.asarray(soft_dispatch_weights(logits)), np.asarray(soft_combine_weights(logits))
 
 
-# 2. the predicted number of dispatch weights (checked after task 3): no inputs; the reference counts one layer's
+# 3. the predicted number of dispatch weights (checked after task 4): no inputs; the reference counts one layer's
 # D from the library's routing on abstract shapes (nothing of that size is computed) and multiplies by 6.
 def _dispatch():
     import jax
@@ -112,7 +112,7 @@ def _dispatch():
     return 6 * int(np.prod(shape))
 
 
-# 4. slot_inputs, the port fixed: tokens of different norms and drawn dispatch weights (every slot's column a
+# 2. slot_inputs, the port fixed: tokens of different norms and drawn dispatch weights (every slot's column a
 # Dirichlet draw over the tokens, summing to 1).
 def _slots_cases(rng):
     cases = []

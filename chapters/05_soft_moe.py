@@ -820,10 +820,11 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `05_soft_moe` asks you how many tokens a Soft MoE slot effectively averages and which token a
-# slot copies in the large-scale limit, to predict how the layer's output scales with its tokens, to fix a port that
-# feeds normalised tokens to the experts, and to explain what that mistake costs (13 points, 2 of them graded by your
-# instructor).
+# The exercise notebook `05_soft_moe` asks you to write the Soft MoE layer yourself in `jax.numpy` on the library's
+# parameter tree -- the slot logits, the dispatch and combine weights, the slot inputs, the experts and the output --
+# and to put it into an encoder block in place of the MLP, equal to the library's; to predict how many dispatch
+# weights a Soft MoE-B/16 computes for one image, to fix a port that feeds normalised tokens to the experts, and to
+# explain what that mistake costs (20 points, 2 of them graded by your instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

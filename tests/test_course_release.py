@@ -117,10 +117,9 @@ def test_a_debug_task_hands_out_code_that_fails_its_hidden_check(name, tmp_path,
     assert reason is not None, f"{name}: the handout's {function} passes {grade_id}"
 
 
-def test_exercise_5s_factor_check_does_not_measure_with_the_unfixed_layer():
-    """Task 3's prediction is checked with the learner's own layer of task 4: left unfixed, that layer doubles its
-    output by 1.0, so the visible check must refuse to measure (task 4's test first) rather than pass a prediction of
-    1.0 that grading, which measures with the library's Soft MoE, fails."""
+def test_exercise_5s_debug_test_shows_the_normalised_slots():
+    """Task 2's visible test fails on the handed-out port (slots of normalised tokens) with a message that names
+    the symptom and no expected value, and passes on the fixed code."""
     cells = build.source_notebook(ROOT / "solutions" / "05_soft_moe.py").cells
     visible = {c.metadata["nbgrader"]["grade_id"]: c.source.split("### BEGIN HIDDEN TESTS")[0]
                for c in cells if c.metadata.get("nbgrader", {}).get("grade_id")}
@@ -128,11 +127,10 @@ def test_exercise_5s_factor_check_does_not_measure_with_the_unfixed_layer():
     exec(visible["setup"], namespace)
     handout = visible["layer_debug"]
     exec(handout[handout.index("### BEGIN HANDOUT"):handout.index("### END HANDOUT")], namespace)
-    with pytest.raises(AssertionError, match="one token through one slot"):
-        exec(visible["layer_tests"], namespace)
-    namespace["PREDICTED_FACTOR"] = 1.0
-    with pytest.raises(AssertionError, match="fix it first"):
-        exec(visible["factor_tests"], namespace)
+    with pytest.raises(AssertionError, match="unchanged"):
+        exec(visible["slots_tests"], namespace)
+    exec(handout[handout.index("### BEGIN SOLUTION"):handout.index("### END SOLUTION")], namespace)
+    exec(visible["slots_tests"], namespace)
 
 
 def test_a_graded_markdown_cell_without_its_solution_markers_is_refused(tmp_path):

@@ -1,8 +1,13 @@
-"""Checks of assignment 05 (Soft MoE): the inputs each answer is called on, and the course library's
-reference (``moe_course.routing.soft``).
+"""Checks of assignment 05 (Soft MoE): the inputs each answer is called on, and the course library's reference.
 
-Runs in two places: in the grading sandbox (``cases`` and ``call``: the inputs, drawn from the grading seed,
-and how the answers are called, with NumPy alone) and in the grader (``reference``, with the library). See
+Runs in two places: in the grading sandbox (``cases``: the inputs, drawn from the grading seed, with NumPy
+alone) and in the grader (``reference``, with the library: ``moe_course.routing.soft`` for the logits, the
+weights and the slot inputs; ``moe_course.layers.Experts``, ``SoftMoE`` and ``EncoderBlock`` for the experts,
+the layer and the block). Parameter trees are drawn here as plain nested dicts of NumPy arrays with the paths
+and shapes of ``nnx.to_pure_dict(nnx.state(SoftMoE(...), nnx.Param))`` (and of an ``EncoderBlock`` with that
+layer as its MLP), and the references load them into the library's modules (``_load``). Each piece is checked
+on its own inputs (the weights on drawn logits, the slot inputs on drawn dispatch weights, the experts on drawn
+slots), so that a bug in one piece costs that piece's points and those of the pieces built from it. See
 ``moe_course.course.inside.answers``.
 """
 
@@ -10,83 +15,166 @@ import numpy as np
 
 from moe_course.course.inside.answers import Check
 
-
-# 1. effective_tokens: logits of scale 3 (far from uniform: a softmax over the slots cannot pass) and of
-# scale 0.3 (close to uniform), with as many tokens as slots and more.
-def _effective_cases(rng):
-    return [((3 * rng.normal(size=(2, 9, 6))).astype(np.float32),),
-            ((0.3 * rng.normal(size=(3, 5, 5))).astype(np.float32),)]
+_FLOAT = {"rtol": 1e-4, "atol": 1e-5}
 
 
-def _effective(logits):
-    """1 / sum_t D**2 of the library's dispatch weights D."""
-    from moe_course.routing import soft_dispatch_weights
-
-    return 1.0 / np.sum(np.asarray(soft_dispatch_weights(logits), np.float64) ** 2, axis=1)
+def _normal(rng, *shape):
+    return rng.normal(size=shape).astype(np.float32)
 
 
-# 2. limit_tokens: random tokens of different norms and phi; the reference is the argmax over the tokens of
-# the library's logits (the limit of the dispatch softmax as the scale grows).
-def _limit_cases(rng):
-    cases = []
-    for groups, tokens, width, slots in ((2, 7, 5, 4), (3, 4, 3, 6)):
-        norms = rng.uniform(0.2, 5, size=(groups, tokens, 1))
-        x = (rng.normal(size=(groups, tokens, width)) * norms).astype(np.float32)
-        cases.append((x, rng.normal(size=(width, slots)).astype(np.float32)))
-    return cases
+def _tokens(rng, batch, tokens, width):
+    """Tokens of norms 0.2 to 5 (a normalised slot input, or a missing normalisation, shows)."""
+    return _normal(rng, batch, tokens, width) * rng.uniform(0.2, 5, size=(batch, tokens, 1)).astype(np.float32)
 
 
-def _limit(x, phi):
+def _experts(rng, experts, width, hidden):
+    return {"fc1_kernel": _normal(rng, experts, width, hidden) / np.float32(np.sqrt(width)),
+            "fc1_bias": 0.3 * _normal(rng, experts, hidden),
+            "fc2_kernel": _normal(rng, experts, hidden, width) / np.float32(np.sqrt(hidden)),
+            "fc2_bias": 0.3 * _normal(rng, experts, width)}
+
+
+def _soft_params(rng, width, hidden, experts, per_expert):
+    """A SoftMoE's tree: phi of columns of different norms, a scale away from 1, every expert leaf drawn."""
+    phi = _normal(rng, width, experts * per_expert) * rng.uniform(0.3, 3, size=(1, experts * per_expert))
+    return {"phi": phi.astype(np.float32), "scale": np.float32(rng.uniform(0.5, 4)),
+            "experts": _experts(rng, experts, width, hidden)}
+
+
+def _dense(rng, fan_in, fan_out):
+    return {"kernel": _normal(rng, fan_in, fan_out) / np.float32(np.sqrt(fan_in)), "bias": 0.1 * _normal(rng, fan_out)}
+
+
+def _norm(rng, width):
+    return {"scale": 1 + 0.2 * _normal(rng, width), "bias": 0.2 * _normal(rng, width)}
+
+
+# (width, hidden, experts, slots per expert, batch, tokens, heads): one slot per expert and several; more
+# slots than tokens and fewer.
+_SIZES = ((12, 24, 3, 2, 2, 5, 3), (8, 16, 4, 1, 3, 7, 2), (6, 10, 2, 3, 1, 4, 1))
+
+
+def _layer_cases(rng):
+    return [(_soft_params(rng, w, h, e, p), _tokens(rng, b, t, w)) for w, h, e, p, b, t, _ in _SIZES]
+
+
+def _load(module, params):
+    """``module`` with its parameters replaced by the plain dict ``params`` (a missing or extra path raises)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    state = nnx.state(module, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(module, state)
+    return module
+
+
+def _library_soft_moe(params):
+    from flax import nnx
+
+    from moe_course.layers import SoftMoE
+
+    experts, width, hidden = params["experts"]["fc1_kernel"].shape
+    per_expert = params["phi"].shape[1] // experts
+    return _load(SoftMoE(width, hidden, experts, slots_per_expert=per_expert, rngs=nnx.Rngs(0)), params)
+
+
+# 1. soft_logits: the library's logits on the drawn tree.
+def _logits(params, x):
     from moe_course.routing import soft_logits
 
-    return np.argmax(np.asarray(soft_logits(x, phi, 1.0)), axis=1)
+    return np.asarray(soft_logits(x, params["phi"], params["scale"]))
 
 
-# 4. soft_moe_layer, the port fixed: tokens of different norms (a normalised slot would lose them), one linear
-# expert per slot, scales 1 and 4; the reference is the library's logits, weights, slots and combine.
-def _layer_cases(rng):
+# 4. soft_weights: logits of scale 3 (far from uniform) with more tokens than slots and fewer.
+def _weights_cases(rng):
+    return [(3 * _normal(rng, 2, 9, 4),), (3 * _normal(rng, 3, 3, 6),)]
+
+
+def _weights(logits):
+    from moe_course.routing import soft_combine_weights, soft_dispatch_weights
+
+    return np.asarray(soft_dispatch_weights(logits)), np.asarray(soft_combine_weights(logits))
+
+
+# 3. the predicted number of dispatch weights (checked after task 4): no inputs; the reference counts one layer's
+# D from the library's routing on abstract shapes (nothing of that size is computed) and multiplies by 6.
+def _dispatch():
+    import jax
+    import jax.numpy as jnp
+
+    from moe_course.routing import soft_routing
+
+    shape = jax.eval_shape(lambda x, phi: soft_routing(x, phi).dispatch_weights,
+                           jax.ShapeDtypeStruct((1, 196, 768), jnp.float32),
+                           jax.ShapeDtypeStruct((768, 128 * 1), jnp.float32)).shape
+    return 6 * int(np.prod(shape))
+
+
+# 2. slot_inputs, the port fixed: tokens of different norms and drawn dispatch weights (every slot's column a
+# Dirichlet draw over the tokens, summing to 1).
+def _slots_cases(rng):
     cases = []
-    for groups, tokens, width, slots, width_out, scale in ((2, 7, 5, 3, 4, 1.0), (3, 4, 3, 6, 2, 4.0)):
-        norms = rng.uniform(0.2, 5, size=(groups, tokens, 1))
-        x = (rng.normal(size=(groups, tokens, width)) * norms).astype(np.float32)
-        phi = rng.normal(size=(width, slots)).astype(np.float32)
-        cases.append((x, phi, scale, rng.normal(size=(slots, width, width_out)).astype(np.float32)))
+    for batch, tokens, width, slots in ((2, 7, 5, 3), (3, 4, 6, 6)):
+        weights = rng.dirichlet(np.ones(tokens), size=(batch, slots)).transpose(0, 2, 1).astype(np.float32)
+        cases.append((_tokens(rng, batch, tokens, width), weights))
     return cases
 
 
-def _layer(x, phi, scale, experts):
-    import jax.numpy as jnp
+def _slots(x, dispatch):
+    from moe_course.routing import soft_slots
 
-    from moe_course.routing.soft import soft_combine, soft_routing, soft_slots
-
-    routing = soft_routing(jnp.asarray(x), jnp.asarray(phi), scale)
-    slots = soft_slots(jnp.asarray(x), routing.dispatch_weights)
-    return np.asarray(soft_combine(jnp.einsum("gsd,sdo->gso", slots, jnp.asarray(experts)), routing.combine_weights))
+    return np.asarray(soft_slots(x, dispatch))
 
 
-# 3. the predicted factor by which the output changes when every token is doubled (checked after task 4): no
-# inputs (the question is fixed); the reference measures it with the library's logits, weights, slots and
-# combine on random tokens.
-def _factor():
-    import jax.numpy as jnp
+# 5. apply_experts: drawn expert trees and slots, one slot per expert and several.
+def _experts_cases(rng):
+    return [(_experts(rng, e, w, h), _tokens(rng, b, e * p, w)) for w, h, e, p, b, _, _ in _SIZES]
 
-    from moe_course.routing.soft import soft_combine, soft_routing, soft_slots
 
-    rng = np.random.default_rng(0)
-    x, phi = jnp.asarray(rng.normal(size=(2, 6, 4))), jnp.asarray(rng.normal(size=(4, 3)))
-    experts = jnp.asarray(rng.normal(size=(3, 4, 2)))
+def _apply_experts(experts, slots):
+    from flax import nnx
 
-    def layer(tokens):
-        routing = soft_routing(tokens, phi)
-        slots = soft_slots(tokens, routing.dispatch_weights)
-        return soft_combine(jnp.einsum("gsd,sdo->gso", slots, experts), routing.combine_weights)
+    from moe_course.layers import Experts
 
-    return float(jnp.linalg.norm(layer(2 * x)) / jnp.linalg.norm(layer(x)))
+    count, width, hidden = experts["fc1_kernel"].shape
+    module = _load(Experts(count, width, hidden, rngs=nnx.Rngs(0)), experts)
+    batch, slot_count, _ = slots.shape
+    return np.asarray(module(slots.reshape(batch, count, slot_count // count, width)).reshape(slots.shape))
+
+
+# 6. soft_moe: the library's SoftMoE on the drawn tree.
+def _layer(params, x):
+    return np.asarray(_library_soft_moe(params)(x).output)
+
+
+# 7. soft_moe_block: an EncoderBlock whose MLP is the drawn SoftMoE.
+def _block_cases(rng):
+    cases = []
+    for w, h, e, p, b, t, heads in _SIZES:
+        tree = {"norm1": _norm(rng, w), "attn": {n: _dense(rng, w, w) for n in ("query", "key", "value", "out")},
+                "norm2": _norm(rng, w), "mlp": _soft_params(rng, w, h, e, p)}
+        cases.append((tree, _tokens(rng, b, t, w), heads))
+    return cases
+
+
+def _block(params, x, heads):
+    from flax import nnx
+
+    from moe_course.layers import EncoderBlock
+
+    width = x.shape[-1]
+    block = EncoderBlock(width, heads, 4 * width, mlp=_library_soft_moe(params["mlp"]), rngs=nnx.Rngs(0))
+    return np.asarray(_load(block, params)(x)[0])
 
 
 CHECKS = {
-    "effective_tests": Check(_effective_cases, _effective, rtol=1e-4, atol=1e-6),
-    "limit_tests": Check(_limit_cases, _limit, exact=True),
-    "layer_tests": Check(_layer_cases, _layer, rtol=1e-4, atol=1e-5),
-    "factor_tests": Check(lambda rng: [()], _factor, rtol=0.0, atol=1e-3, scalar=True),  # a prediction: no inputs
+    "logits_tests": Check(_layer_cases, _logits, **_FLOAT),
+    "weights_tests": Check(_weights_cases, _weights, rtol=1e-4, atol=1e-6),
+    "dispatch_tests": Check(lambda rng: [()], _dispatch, exact=True, scalar=True),  # a prediction: no inputs
+    "slots_tests": Check(_slots_cases, _slots, **_FLOAT),
+    "experts_tests": Check(_experts_cases, _apply_experts, **_FLOAT),
+    "layer_tests": Check(_layer_cases, _layer, **_FLOAT),
+    "block_tests": Check(_block_cases, _block, **_FLOAT),
 }

@@ -1045,12 +1045,9 @@ if torch is not None:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `02_moe_layer` asks you to build this chapter's sparse MoE layer yourself in `jax.numpy`,
-# on the library's parameter tree: TOP-k routing, the expert capacity, the allocation without a loop over tokens,
-# dispatch and combine, the experts and the importance and load losses, put together into a layer that must equal
-# `SparseMoE`, and then its router gradient with k = 1 in both gate orders. You predict which tokens an untrained
-# router leaves without an expert, fix a gate that takes its softmax after TOP-k, and explain why tokens are
-# dropped (29 points + 2 by the instructor).
+# The exercise notebook `02_moe_layer`: build this chapter's sparse MoE layer in `jax.numpy`, piece by piece, until
+# it equals `SparseMoE`; take its router gradient in both gate orders; predict, debug and explain (29 points + 2 by
+# the instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

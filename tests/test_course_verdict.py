@@ -157,7 +157,7 @@ def test_release_refuses_checks_that_do_not_match_the_grade_cells(tmp_path):
         install_checks(solution, tmp_path / "course")
     (tmp_path / "checks").mkdir()
     (tmp_path / "checks" / "02_moe_layer.py").write_text(CHECKS)
-    with pytest.raises(ReleaseError, match=r"missing \['capacity_tests'.*unknown \['count_tests', 'double_tests'\]"):
+    with pytest.raises(ReleaseError, match=r"missing \[.*'capacity_tests'.*'topk_tests'.*\], unknown \['count_tests', 'double_tests'\]"):
         install_checks(solution, tmp_path / "course")
     (tmp_path / "checks" / "02_moe_layer.py").write_text((SOLUTIONS / "checks" / "02_moe_layer.py").read_text())
     installed = install_checks(solution, tmp_path / "course")

@@ -27,7 +27,7 @@ def _tokens(rng, batch, tokens, width):
     return _normal(rng, batch, tokens, width) * rng.uniform(0.2, 5, size=(batch, tokens, 1)).astype(np.float32)
 
 
-def _experts(rng, experts, width, hidden):
+def _expert_tree(rng, experts, width, hidden):
     return {"fc1_kernel": _normal(rng, experts, width, hidden) / np.float32(np.sqrt(width)),
             "fc1_bias": 0.3 * _normal(rng, experts, hidden),
             "fc2_kernel": _normal(rng, experts, hidden, width) / np.float32(np.sqrt(hidden)),
@@ -38,7 +38,7 @@ def _soft_params(rng, width, hidden, experts, per_expert):
     """A SoftMoE's tree: phi of columns of different norms, a scale away from 1, every expert leaf drawn."""
     phi = _normal(rng, width, experts * per_expert) * rng.uniform(0.3, 3, size=(1, experts * per_expert))
     return {"phi": phi.astype(np.float32), "scale": np.float32(rng.uniform(0.5, 4)),
-            "experts": _experts(rng, experts, width, hidden)}
+            "experts": _expert_tree(rng, experts, width, hidden)}
 
 
 def _dense(rng, fan_in, fan_out):
@@ -130,7 +130,7 @@ def _slots(x, dispatch):
 
 # 5. apply_experts: drawn expert trees and slots, one slot per expert and several.
 def _experts_cases(rng):
-    return [(_experts(rng, e, w, h), _tokens(rng, b, e * p, w)) for w, h, e, p, b, _, _ in _SIZES]
+    return [(_expert_tree(rng, e, w, h), _tokens(rng, b, e * p, w)) for w, h, e, p, b, _, _ in _SIZES]
 
 
 def _apply_experts(experts, slots):

@@ -9,7 +9,9 @@ of 200 would take at the same ``--jobs`` on this machine. Every submission must 
 
 ``--cpu-attack`` (a root grader's cgroups) measures instead what one submission's 200 busy shells cost another:
 a victim's fixed CPU work timed alone and beside them, each in a submission cgroup of its own as a root batch's
-worker makes one (``budget.worker_cgroup``: equal CPU weight), in ``--rounds`` turns:
+worker makes one (``budget.worker_cgroup``: equal CPU weight), in ``--rounds`` turns; beside them, the CPU
+seconds the victim got over the share equal weight owes it (``VictimRun.fair_share``), which ambient load leaves
+alone where the wall-time ratio moves with it:
 
     python benchmarks/grading.py --cpu-attack --rounds 7
 """
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from moe_course.cli import main
@@ -76,8 +79,30 @@ def run(name: str, students: int, jobs: int) -> dict[str, float]:
 WORKER_MARK = "moe_course.course.limits.worker"  # in a helper's argv: a concurrent batch keeps its cgroup
 IN_SUBMISSION_CGROUP = ("import sys\nfrom moe_course.course.limits import budget\n"
                         "if budget.worker_cgroup(2**30) is None:\n    sys.exit(3)\n")
-VICTIM_LOOP = ("import time\nstart = time.perf_counter()\ntotal = 0\nfor i in range(3 * 10**6):\n    total += i\n"
-               "print(time.perf_counter() - start)")
+# The victim's loop, bracketed by the CPU seconds of every process in the attacker's submission cgroup (named in
+# MOE_BENCH_ATTACKER; /proc/<pid>/stat's utime + stime) where one runs beside it: prints wall and CPU seconds of
+# the loop and the attacker's CPU seconds over the same span.
+VICTIM_LOOP = """import os, time
+def attacker_seconds(name):
+    if not name:
+        return 0.0
+    ticks = 0
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        try:
+            if f'/{name}/' in open(f'/proc/{pid}/cgroup').read():
+                ticks += sum(int(v) for v in open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[11:13])
+        except OSError:
+            pass
+    return ticks / os.sysconf('SC_CLK_TCK')
+name = os.environ.get('MOE_BENCH_ATTACKER', '')
+before = attacker_seconds(name)
+start, cpu = time.perf_counter(), time.process_time()
+total = 0
+for i in range(3 * 10**6):
+    total += i
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(wall, cpu, attacker_seconds(name) - before)
+"""
 BUSY_SHELLS = 200
 # one shell forks the 200 (cheap), each of which waits 2 s before it spins: starting them is not slowed by those
 # already spinning
@@ -86,40 +111,58 @@ ATTACKER = ("import subprocess, time\nsubprocess.Popen(['sh', '-c', 'for i in $(
 NO_CGROUPS = "this host lets no process create cgroups (a root grader's)"
 
 
-def _in_submission_cgroup(script: str) -> subprocess.Popen:
+def _in_submission_cgroup(script: str, **env: str) -> subprocess.Popen:
     """A process that moves into a submission cgroup of its own (``budget.worker_cgroup``, as a root batch's
-    worker does) and then runs ``script``."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    worker does) and then runs ``script``, with ``env`` added to its environment."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **env}
     return subprocess.Popen([sys.executable, "-c", IN_SUBMISSION_CGROUP + script, WORKER_MARK], env=env,
                             stdout=subprocess.PIPE, text=True)
 
 
-def _victim_seconds() -> float:
+@dataclass
+class VictimRun:
+    """One run of the victim's loop: its wall and CPU seconds and the attacker's CPU seconds over the same span
+    (0 alone)."""
+
+    wall: float
+    cpu: float
+    attacker_cpu: float
+
+    @property
+    def fair_share(self) -> float:
+        """The victim's CPU seconds over what equal weight per submission owes it: half of what the two
+        submissions used together, or all of its wall time where that is less (one process uses one core).
+        About 1 with equal weights at any ambient load; about 2/201 (0.01) were 201 processes weighted alike."""
+        return self.cpu / min(self.wall, (self.cpu + self.attacker_cpu) / 2)
+
+
+def _victim_run(attacker: int | None = None) -> VictimRun:
     from moe_course.course.limits import budget
 
-    victim = _in_submission_cgroup(VICTIM_LOOP)
+    name = "" if attacker is None else f"{budget.LEFTOVER_PREFIX}{attacker}"
+    victim = _in_submission_cgroup(VICTIM_LOOP, MOE_BENCH_ATTACKER=name)
     said, _ = victim.communicate(timeout=300)
     budget.remove_leftovers(Path(tempfile.gettempdir()), pids=[victim.pid])
     if victim.returncode == 3:
         raise OSError(NO_CGROUPS)
     assert victim.returncode == 0, said
-    return float(said)
+    return VictimRun(*map(float, said.split()))
 
 
-def cpu_attack(rounds: int) -> tuple[list[float], list[float]]:
-    """(victim seconds alone, victim seconds beside BUSY_SHELLS busy shells), ``rounds`` of each in turns, every
+def cpu_attack(rounds: int) -> tuple[list[VictimRun], list[VictimRun]]:
+    """(victim runs alone, victim runs beside BUSY_SHELLS busy shells), ``rounds`` of each in turns, every
     process in a submission cgroup of its own. Raises OSError where no cgroup can be made (not root)."""
     from moe_course.course.limits import budget
 
     alone, beside = [], []
     for _ in range(rounds):
-        alone.append(_victim_seconds())
+        alone.append(_victim_run())
         attacker = _in_submission_cgroup(ATTACKER)
         try:
             if attacker.stdout.readline().strip() != "ready":
                 raise OSError(NO_CGROUPS)
             time.sleep(3)  # every shell spins
-            beside.append(_victim_seconds())
+            beside.append(_victim_run(attacker.pid))
         finally:
             attacker.kill()
             attacker.wait()
@@ -146,9 +189,12 @@ def cli(argv: list[str] | None = None) -> None:
     if args.cpu_attack:
         alone, beside = cpu_attack(args.rounds)
         print(f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, load average "
-              f"{os.getloadavg()[0]:.1f}; victim alone {[round(s, 2) for s in alone]} s, beside {BUSY_SHELLS} busy "
-              f"shells {[round(s, 2) for s in beside]} s")
-        print(f"  beside / alone (medians): {median(beside) / median(alone):.2f}x")
+              f"{os.getloadavg()[0]:.1f}; victim alone {[round(r.wall, 2) for r in alone]} s, beside {BUSY_SHELLS} "
+              f"busy shells {[round(r.wall, 2) for r in beside]} s (wall)")
+        print(f"  beside / alone (median wall): {median([r.wall for r in beside]) / median([r.wall for r in alone]):.2f}x")
+        print(f"  beside: victim CPU {[round(r.cpu, 2) for r in beside]} s, the shells' CPU over the same spans "
+              f"{[round(r.attacker_cpu, 2) for r in beside]} s")
+        print(f"  victim's CPU / its fair share (median): {median([r.fair_share for r in beside]):.2f}")
         return
     per = run(args.assignment, args.students, args.jobs)
     print(f"{args.assignment}, {args.students} submissions per mode, --jobs {args.jobs}, {os.cpu_count()} CPUs, "

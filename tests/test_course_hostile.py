@@ -737,17 +737,19 @@ def test_a_folder_left_at_mode_000_is_removed_with_the_scratch(graded):
 
 # Rows of their own (no batch): what only a root grader's cgroups hold. A plain grader gets none: its
 # submissions are capped per process (the batch says so, test_course_limits), so these rows skip there.
-CPU_BOUND = 2.0  # per the docstring below; benchmarks/grading.py --cpu-attack measures the 1.5x of issue 55
+FAIR_SHARE_FLOOR = 0.5  # per the docstring below; benchmarks/grading.py --cpu-attack prints the same measure
 
 
 @pytest.mark.skipif(not ROOT, reason="a plain grader has no cgroup per submission: CPU is shared per process")
-def test_200_busy_shells_of_one_submission_slow_another_by_at_most_2x():
-    """A victim's fixed CPU work (3 million loop steps in Python) in its submission's cgroup, timed alone and
-    beside another submission's cgroup holding 200 busy shells, 3 rounds in turns (benchmarks/grading.py
-    ``cpu_attack``): the median ratio stays under CPU_BOUND on 2 cores, fewer than the 201 busy processes. Without
-    equal CPU weight per submission it would be about 100 (2 cores shared by 201 processes); with it, on an idle
-    2-core machine about 1, and 1.5 where one other busy process shares the machine (a parallel test in CI):
-    hence 2. Costs 6 victim runs (under a second each on an idle core) and 3 x 3 s of spinning shells."""
+def test_200_busy_shells_of_one_submission_leave_another_at_least_half_its_fair_cpu_share():
+    """A victim's fixed CPU work (3 million loop steps in Python) in its submission's cgroup beside another
+    submission's cgroup holding 200 busy shells, 3 rounds (benchmarks/grading.py ``cpu_attack``): over the loop,
+    the victim's CPU seconds against what equal weight per submission owes it -- half of what the two used
+    together, or its wall time where less (``VictimRun.fair_share``) -- stay above FAIR_SHARE_FLOOR in the median.
+    With equal CPU weight per submission the measure is about 1 at any ambient load (other tests' processes take
+    from both alike; a wall-time ratio against a run alone moves with that load: 2.08 at load 19.5 in CI); were
+    the 201 processes weighted one by one it would be about 0.01. Costs 6 victim runs (under a second each on an
+    idle core) and 3 x 3 s of spinning shells."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     from grading import BUSY_SHELLS, NO_CGROUPS, cpu_attack, median
 
@@ -757,10 +759,11 @@ def test_200_busy_shells_of_one_submission_slow_another_by_at_most_2x():
         if str(error) == NO_CGROUPS:
             pytest.skip(NO_CGROUPS)
         raise
-    ratio = median(beside) / median(alone)
-    print(f"\nvictim alone {sorted(alone)} s, beside {BUSY_SHELLS} busy shells {sorted(beside)} s: ratio {ratio:.2f} "
+    shares = [run.fair_share for run in beside]
+    print(f"\nvictim beside {BUSY_SHELLS} busy shells: {beside}; fair shares {shares}; alone {alone} "
           f"({os.cpu_count()} cores, load {os.getloadavg()[0]:.1f})")
-    assert ratio <= CPU_BOUND, (alone, beside)
+    assert all(run.attacker_cpu > 0 for run in beside), beside  # the shells were seen spinning
+    assert median(shares) >= FAIR_SHARE_FLOOR, beside
 
 
 @pytest.mark.skipif(not ROOT, reason="making a cgroup needs a root grader (test_course_limits mocks one for all)")

@@ -445,10 +445,10 @@ _ = fig.suptitle("Recorded runs (upcycle_sweep.py); MoE measures: mean of the tw
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `08_upcycling` asks you to write the experts of an upcycled layer as copies of a dense MLP
-# and the router's initial kernel, to predict the smallest k for which a softmax-first router keeps the dense
-# function (before you build it), to fix a converter of PyTorch MLP weights (chapter 0's layouts), and to explain
-# what a router that starts at zero would do (13 points, 3 of them graded by your instructor).
+# The exercise notebook `08_upcycling` has you upcycle a dense ViT's parameter tree into a V-MoE's in `jax.numpy`
+# (the MoE blocks, the experts' copies, the tree equal to `upcycle`'s, the optimizer moments carried), predict which
+# routings keep the dense function (before you build it), fix Experts Choice weights, and explain a router that
+# starts at zero (15 points, 3 more graded by your instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

@@ -79,7 +79,7 @@ def test_an_explain_answer_and_its_rubric_are_never_released(name):
 
 DEBUG_TASKS = {"01_vit": "attention_debug", "02_moe_layer": "softmax_debug", "03_vmoe_bpr": "order_debug",
                "04_limoe": "padding_debug", "05_soft_moe": "layer_debug", "06_mod": "block_debug",
-               "07_scale": "bytes_debug", "08_upcycling": "torch_debug"}  # the debug task of each assignment (issue 53)
+               "07_scale": "bytes_debug", "08_upcycling": "normalized_debug"}  # the debug task of each assignment (issue 53)
 
 
 @pytest.mark.parametrize("name", sorted(DEBUG_TASKS))

@@ -310,7 +310,7 @@ if LIBRARY:
     moe, _ = library_vmoe(4)
     blocks = moe.config.moe_blocks()
     state = optax.adam(1e-3).init(nnx.state(dense_model, nnx.Param))
-    state = jax.tree.map(lambda a: a + 0.1, state)  # moments that are not all zeros, a count of 1
+    state = jax.tree.map(lambda a: a + 0.1 if jnp.issubdtype(a.dtype, jnp.floating) else a + 1, state)  # one step
     carried = nnx.to_pure_dict(upcycle(dense_model, moe.config, seed=4, optimizer_state=state)[1][0].mu)
     gap = tree_gap(upcycle_moments(nnx.to_pure_dict(state[0].mu), moe.config.num_experts, blocks), carried)
     assert gap is None, f"your first moment differs from the one upcycle carries at {gap}"

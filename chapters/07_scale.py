@@ -651,10 +651,10 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `07_scale` asks you to write an all-to-all over a stack of per-device arrays, the two
-# exchanges of an expert-parallel MoE layer and where each expert lives, to predict the traffic of a new mesh and
-# layer, to fix a byte count, and to explain how you would lay out a mesh over two hosts (15 points, 2 of them graded
-# by your instructor).
+# The exercise notebook `07_scale` asks you to write, in JAX on 4 CPU devices, the two all-to-all exchanges and
+# your own expert-parallel MoE layer in `jax.shard_map`, equal to the one-device layer; to predict the traffic of
+# a new mesh and layer, to fix a byte count, and to explain how you would lay out a mesh over two hosts (14 points,
+# 2 of them graded by your instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

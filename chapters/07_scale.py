@@ -426,8 +426,8 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 #
 # A device cuts its `(g, E, B, D)` buffers into n blocks, one for each device of its row, itself included, and the
 # forward pass has two exchanges (there and back), 4 bytes per float32 number.
-# `parallel.all_to_all_bytes(g, E, B, D, n)` counts the bytes a device sends (exercise 7 asks you to write it for
-# any mesh); below we check it against the program XLA compiled: every `all-to-all` instruction, its shape, and
+# `parallel.all_to_all_bytes(g, E, B, D, n)` counts the bytes a device sends (exercise 7 hands you a count with a
+# bug to find); below we check it against the program XLA compiled: every `all-to-all` instruction, its shape, and
 # the part of it that leaves the device.
 
 # %% [markdown]

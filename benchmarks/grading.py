@@ -14,6 +14,12 @@ seconds the victim got over the share equal weight owes it (``VictimRun.fair_sha
 alone where the wall-time ratio moves with it:
 
     python benchmarks/grading.py --cpu-attack --rounds 7
+
+``--each`` grades one full solution of every assignment in the sandbox (``--jobs 1``), the autograde command in a
+cgroup of its own where this process may make one (root), and prints its wall seconds and peak memory (the
+cgroup's: the worker, the kernel and the references together):
+
+    python benchmarks/grading.py --each
 """
 
 from __future__ import annotations
@@ -64,6 +70,48 @@ def grade_batch(course: Path, name: str, students: int, jobs: int, sandbox: bool
         rows = [r for r in csv.DictReader(handle) if r["student"].startswith(prefix)]
     assert len(rows) == students and all(r["score"] == r["max_score"] for r in rows), rows
     return seconds
+
+
+def measured_autograde(course: Path, name: str) -> tuple[float, int | None]:
+    """(wall seconds, peak bytes or None) of ``moe-course course autograde name --jobs 1`` in a child process, in a
+    cgroup of its own (``budget.Cgroup``; None where none can be made): the peak is its memory high-water mark
+    (v1 ``memory.max_usage_in_bytes``, v2 ``memory.peak``), the submission's cgroups below it included."""
+    from moe_course.course.limits import budget
+
+    group = budget.Cgroup.create(f"moe-bench-{os.getpid()}", memory_bytes=2**40, processes=4 * budget.MAX_PROCESSES)
+    argv = [sys.executable, "-m", "moe_course.cli", "course", "autograde", name, "--course-dir", str(course),
+            "--jobs", "1"]
+    start = time.perf_counter()
+    try:
+        subprocess.run(argv, check=True, preexec_fn=None if group is None else group.join)
+        seconds = time.perf_counter() - start
+        peaks = [int((f / n).read_text()) for f in (group.folders if group else [])
+                 for n in ("memory.max_usage_in_bytes", "memory.peak") if (f / n).exists()]
+    finally:
+        if group is not None:
+            group.remove()
+    return seconds, max(peaks, default=None)
+
+
+def each(names: list[str]) -> dict[str, tuple[float, int | None]]:
+    """Per assignment, one full solution graded in the sandbox: (wall seconds, peak bytes or None)."""
+    measured = {}
+    for name in names:
+        with tempfile.TemporaryDirectory(prefix="moe-grading-each-") as folder:
+            course = Path(folder) / "course"
+            assert main(["course", "release", name, "--course-dir", str(course), "--exercises",
+                         str(Path(folder) / "exercises")]) == 0
+            (Path(folder) / "export" / "solution").mkdir(parents=True)
+            (Path(folder) / "export" / "solution" / f"{name}.ipynb").write_text(
+                json.dumps(solution_notebook(course, name)))
+            assert main(["course", "collect", str(Path(folder) / "export"), "--assignment", name,
+                         "--course-dir", str(course)]) == 0
+            measured[name] = measured_autograde(course, name)
+            assert main(["course", "export", "--course-dir", str(course)]) == 0
+            with open(course / "grades.csv") as handle:
+                row = next(csv.DictReader(handle))
+            assert row["score"] == row["max_score"], row
+    return measured
 
 
 def run(name: str, students: int, jobs: int) -> dict[str, float]:
@@ -181,6 +229,8 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--students", type=int, default=8, help="full solutions graded per mode")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--cpu-attack", action="store_true", help="time a victim beside 200 busy shells (root)")
+    parser.add_argument("--each", action="store_true",
+                        help="every assignment's solution graded once in the sandbox: seconds and peak memory")
     parser.add_argument("--rounds", type=int, default=5, help="--cpu-attack: victim runs alone and beside each")
     args = parser.parse_args(argv)
     if args.students < 1 or args.jobs < 1 or args.rounds < 1:
@@ -195,6 +245,15 @@ def cli(argv: list[str] | None = None) -> None:
         print(f"  beside: victim CPU {[round(r.cpu, 2) for r in beside]} s, the shells' CPU over the same spans "
               f"{[round(r.attacker_cpu, 2) for r in beside]} s")
         print(f"  victim's CPU / its fair share (median): {median([r.fair_share for r in beside]):.2f}")
+        return
+    if args.each:
+        from moe_course.course.instructor.build import assignment_names
+
+        print(f"{os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, load average "
+              f"{os.getloadavg()[0]:.1f} before; one full solution per assignment, sandbox, --jobs 1")
+        for name, (seconds, peak) in each(assignment_names()).items():
+            memory = "n/a (no cgroup: not root)" if peak is None else f"{peak / 2**20:.0f} MiB"
+            print(f"  {name:14s} {seconds:6.1f} s   peak memory {memory}")
         return
     per = run(args.assignment, args.students, args.jobs)
     print(f"{args.assignment}, {args.students} submissions per mode, --jobs {args.jobs}, {os.cpu_count()} CPUs, "

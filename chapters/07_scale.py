@@ -426,8 +426,8 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 #
 # A device cuts its `(g, E, B, D)` buffers into n blocks, one for each device of its row, itself included, and the
 # forward pass has two exchanges (there and back), 4 bytes per float32 number.
-# `parallel.all_to_all_bytes(g, E, B, D, n)` counts the bytes a device sends (exercise 7 asks you to write it for
-# any mesh); below we check it against the program XLA compiled: every `all-to-all` instruction, its shape, and
+# `parallel.all_to_all_bytes(g, E, B, D, n)` counts the bytes a device sends (exercise 7 hands you a count with a
+# bug to find); below we check it against the program XLA compiled: every `all-to-all` instruction, its shape, and
 # the part of it that leaves the device.
 
 # %% [markdown]
@@ -651,10 +651,10 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `07_scale` asks you to write an all-to-all over a stack of per-device arrays, the two
-# exchanges of an expert-parallel MoE layer and where each expert lives, to predict the traffic of a new mesh and
-# layer, to fix a byte count, and to explain how you would lay out a mesh over two hosts (15 points, 2 of them graded
-# by your instructor).
+# The exercise notebook `07_scale` asks you to write, in JAX on 4 CPU devices, the two all-to-all exchanges and
+# your own expert-parallel MoE layer in `jax.shard_map`, equal to the one-device layer; to predict the traffic of
+# a new mesh and layer, to fix a byte count, and to explain how you would lay out a mesh over two hosts (14 points,
+# 2 of them graded by your instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

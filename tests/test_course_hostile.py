@@ -78,7 +78,7 @@ def _probs(logits):
     return np.asarray(router_probabilities(logits))
 
 
-SANDBOX_WITHOUT = ("jax", "jaxlib")  # as 07_scale: the answers are NumPy, and JAX is not there to call
+SANDBOX_WITHOUT = ("jax", "jaxlib")  # the answers are NumPy, and JAX is not there to call
 
 CHECKS = {
     "probs_tests": Check(lambda rng: [(rng.normal(size=(2, 5, 4)).astype(np.float32),)], _probs, atol=1e-6),

@@ -31,6 +31,7 @@ def test_the_sandbox_gets_each_checks_file_without_its_references(checks, tmp_pa
     imported |= {alias.name for node in ast.walk(ast.parse(stripped)) if isinstance(node, ast.Import)
                  for alias in node.names}
     # nothing of the course library (nor flax, its modules); jax only to compile a learner's function (02's call)
+    # or to run it on a mesh of CPU devices (07's)
     assert imported <= {"numpy", "jax", "moe_course.course.inside.answers"}, imported
     build.check_inputs_only(checks)  # it loads, and draws the inputs the whole file draws
     (tmp_path / "inputs.py").write_text(stripped)
@@ -38,7 +39,10 @@ def test_the_sandbox_gets_each_checks_file_without_its_references(checks, tmp_pa
 
 
 def test_a_checks_file_can_hide_a_package_from_the_sandbox(tmp_path):
-    assert inputs.hidden_packages(SOLUTIONS / "checks" / "07_scale.py") == ("jax", "jaxlib")
+    hiding = tmp_path / "hiding.py"
+    hiding.write_text('SANDBOX_WITHOUT = ("jax", "jaxlib")\nCHECKS = {}\n')
+    assert inputs.hidden_packages(hiding) == ("jax", "jaxlib")
+    assert inputs.hidden_packages(SOLUTIONS / "checks" / "07_scale.py") == ()  # its exchanges run on 4 CPU devices
     assert inputs.hidden_packages(SOLUTIONS / "checks" / "01_vit.py") == ()
     bad = tmp_path / "bad.py"
     bad.write_text("SANDBOX_WITHOUT = 'jax'\nCHECKS = {}\n")

@@ -6,8 +6,8 @@ patches, the embedding and the whole forward; ``moe_course.layers`` for the Laye
 ``block.LAYER_NORM_EPS``), the attention and the encoder block; the attention maps of the debug task from
 ``moe_course.layers.attention``). Parameter trees are drawn here as plain nested dicts of NumPy arrays with the
 paths and shapes of ``nnx.to_pure_dict(nnx.state(ViT(config), nnx.Param))``, and the references load them into
-the library's modules (``_load``). The sandbox gets this file without the references
-(``moe_course.course.limits.inputs``). See ``moe_course.course.inside.answers``.
+the library's modules, each case one compiled computation (``references.run_module``). The sandbox gets this
+file without the references (``moe_course.course.limits.inputs``). See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
@@ -77,25 +77,16 @@ def _config(params, images, heads=1):
                      num_classes=params["head"]["kernel"].shape[1], pool="cls" if "cls_token" in params else "gap")
 
 
-def _load(module, params):
-    """``module`` (an nnx.Module) with its parameters replaced by the plain dict ``params`` (the paths of
-    ``nnx.to_pure_dict(nnx.state(module, nnx.Param))``; a missing or extra path raises)."""
-    import jax
-    import jax.numpy as jnp
+def _library_vit(params, images, heads, function):
+    """``function(vit)`` for the library's ViT of the drawn tree ``params`` and ``images`` (one jax.jit
+    computation: ``references.run_module``)."""
     from flax import nnx
 
-    state = nnx.state(module, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(module, state)
-    return module
-
-
-def _library_vit(params, images, heads=1):
-    from flax import nnx
-
+    from moe_course.course.instructor.references import run_module
     from moe_course.models.vit import ViT
 
-    return _load(ViT(_config(params, images, heads), rngs=nnx.Rngs(0)), params)
+    config = _config(params, images, heads)
+    return np.asarray(run_module(lambda: ViT(config, rngs=nnx.Rngs(0)), params, function, images))
 
 
 # 1. patchify: square and non-square images, one and several channels, p = 1 (every pixel a patch).
@@ -105,17 +96,16 @@ def _patchify_cases(rng):
 
 
 def _patchify(images, patch_size):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.models.vit import patchify
 
-    return np.asarray(patchify(images, patch_size))
+    return np.asarray(run_compiled(patchify, images, patch_size=patch_size))
 
 
 # 2. embed: the library's ViT.embed (strided nnx.Conv patch embedding, class token, position embeddings) on the
 # drawn trees.
 def _embed(params, images):
-    import jax.numpy as jnp
-
-    return np.asarray(_library_vit(params, images).embed(jnp.asarray(images)))
+    return _library_vit(params, images, 1, lambda vit, x: vit.embed(x))
 
 
 # 3. attention_weights (the debug task): queries and keys of several batch sizes, token counts, heads and head
@@ -127,11 +117,10 @@ def _attention_cases(rng):
 
 
 def _attention(q, k):
-    import jax.numpy as jnp
-
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.layers.attention import attention_weights
 
-    return np.asarray(attention_weights(jnp.asarray(q), jnp.asarray(k)))
+    return np.asarray(run_compiled(attention_weights, q, k))
 
 
 # 4. the predicted number of attention weights one image makes ViT-B/16 (V-MoE Table 7's B at 224 x 224, class
@@ -165,13 +154,13 @@ def _layer_norm_cases(rng):
 
 
 def _layer_norm(x, scale, bias):
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers.block import LAYER_NORM_EPS
 
-    norm = _load(nnx.LayerNorm(x.shape[-1], epsilon=LAYER_NORM_EPS, rngs=nnx.Rngs(0)), {"scale": scale, "bias": bias})
-    return np.asarray(norm(jnp.asarray(x)))
+    make = lambda: nnx.LayerNorm(x.shape[-1], epsilon=LAYER_NORM_EPS, rngs=nnx.Rngs(0))  # noqa: E731
+    return np.asarray(run_module(make, {"scale": scale, "bias": bias}, lambda norm, tokens: norm(tokens), x))
 
 
 # 6. self_attention: (batch, tokens, width, heads) with one head, several, and a head width of 1; the reference is
@@ -184,13 +173,13 @@ def _self_attention_cases(rng):
 
 
 def _self_attention(params, x, heads):
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers.attention import MultiHeadAttention
 
-    layer = _load(MultiHeadAttention(x.shape[-1], heads, rngs=nnx.Rngs(0)), params)
-    output, maps = layer(jnp.asarray(x), return_attention=True)
+    output, maps = run_module(lambda: MultiHeadAttention(x.shape[-1], heads, rngs=nnx.Rngs(0)), params,
+                              lambda layer, tokens: layer(tokens, return_attention=True), x)
     return np.asarray(output), np.asarray(maps)
 
 
@@ -202,21 +191,19 @@ def _block_cases(rng):
 
 
 def _block(params, x, heads):
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers.block import EncoderBlock
 
     width, mlp_dim = params["mlp"]["fc1"]["kernel"].shape
-    block = _load(EncoderBlock(width, heads, mlp_dim, rngs=nnx.Rngs(0)), params)
-    return np.asarray(block(jnp.asarray(x))[0])
+    return np.asarray(run_module(lambda: EncoderBlock(width, heads, mlp_dim, rngs=nnx.Rngs(0)), params,
+                                 lambda block, tokens: block(tokens)[0], x))
 
 
 # 8. vit_forward: the logits of the library's ViT(config)(images, deterministic=True) on the drawn trees.
 def _forward(params, images, heads):
-    import jax.numpy as jnp
-
-    return np.asarray(_library_vit(params, images, heads)(jnp.asarray(images), deterministic=True).logits)
+    return _library_vit(params, images, heads, lambda vit, x: vit(x, deterministic=True).logits)
 
 
 _FLOAT = {"rtol": 1e-4, "atol": 1e-5}

@@ -5,8 +5,9 @@ alone) and in the grader (``reference``, with the library: ``moe_course.routing`
 vanilla allocation, dispatch and combine (the einsum implementation), the losses and the debug task's gates;
 ``moe_course.layers`` for the experts, the whole ``SparseMoE`` and its router gradient). Parameter trees are drawn
 here as plain nested dicts of NumPy arrays with the paths and shapes of ``nnx.to_pure_dict(nnx.state(SparseMoE(...),
-nnx.Param))``, and the references load them into the library's modules (``_load``). The sandbox gets this file
-without the references (``moe_course.course.limits.inputs``). See ``moe_course.course.inside.answers``.
+nnx.Param))``, and the references load them into the library's modules, one compiled computation per case
+(``references.run_module``). The sandbox gets this file without the references (``moe_course.course.limits.inputs``).
+See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
@@ -18,38 +19,6 @@ def _normal(rng, *shape):
     return rng.normal(size=shape).astype(np.float32)
 
 
-def _load(make, params):
-    """The nnx.Module ``make()`` builds, with its parameters the plain dict ``params`` (the paths of
-    ``nnx.to_pure_dict(nnx.state(module, nnx.Param))``; a missing or extra path raises). The module is built
-    from shapes alone (``nnx.eval_shape``: no initialiser runs), which keeps the grader's memory small."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    module = nnx.eval_shape(make)
-    state = nnx.state(module, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(module, state)
-    return module
-
-
-def _jit(module, function, *args):
-    """``function(module, *args)`` compiled once (jax.jit): eager op-by-op dispatch compiles every operation of a
-    layer for every shape and took the grader past its memory limit."""
-    import jax
-    from flax import nnx
-
-    graph, state = nnx.split(module)
-    return jax.jit(lambda s, *a: function(nnx.merge(graph, s), *a))(state, *args)
-
-
-def _compiled(function, *arrays, **static):
-    """``function(*arrays, **static)`` as one compiled computation (see ``_jit``)."""
-    import jax
-
-    return jax.jit(lambda *a: function(*a, **static))(*arrays)
-
-
 # 1. top_k_routing: k = 1, 2, 3 of 5 experts, and logits rounded to integers (many ties: the lower expert first).
 def _topk_cases(rng):
     cases = [(_normal(rng, 2, 9, 5), k) for k in (1, 2, 3)]
@@ -57,9 +26,10 @@ def _topk_cases(rng):
 
 
 def _top_k(logits, k):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import top_k_routing
 
-    routed = _compiled(top_k_routing, logits, k=k)
+    routed = run_compiled(top_k_routing, logits, k=k)
     return np.asarray(routed.expert_index), np.asarray(routed.gates)
 
 
@@ -83,16 +53,17 @@ def _capacity(k, tokens, capacity_ratio, num_experts):
 # 3. The predicted number of tokens of 16 that an all-zero router leaves without an expert (E = 4, k = 2, C = 1,
 # vanilla): no inputs; the reference routes them with the library's SparseMoE.
 def _unserved():
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers import SparseMoE
 
     make = lambda: SparseMoE(8, 16, 4, k=2, capacity_ratio=1.0, group_size=1, allocation="vanilla", rngs=nnx.Rngs(0))
     params = {"router": {"kernel": np.zeros((8, 4), np.float32)},
               "experts": {name: np.ones(shape, np.float32) for name, shape in (
                   ("fc1_kernel", (4, 8, 16)), ("fc1_bias", (4, 16)), ("fc2_kernel", (4, 16, 8)), ("fc2_bias", (4, 8)))}}
-    served = np.asarray(_jit(_load(make, params), lambda layer, x: layer(x).routing.served, jnp.ones((1, 16, 8))))
+    tokens = np.ones((1, 16, 8), np.float32)
+    served = np.asarray(run_module(make, params, lambda layer, x: layer(x).routing.served, tokens))
     return int((~served.any(-1)).sum())
 
 
@@ -111,10 +82,11 @@ def _allocate_cases(rng):
 
 
 def _allocate(expert_index, capacity, num_experts):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import vanilla_allocation
 
     gates = np.ones(expert_index.shape, np.float32)
-    return np.asarray(_compiled(vanilla_allocation, expert_index, gates, capacity=capacity,
+    return np.asarray(run_compiled(vanilla_allocation, expert_index, gates, capacity=capacity,
                                 num_experts=num_experts).slot)
 
 
@@ -156,9 +128,10 @@ def _dispatch_cases(rng):
 
 
 def _dispatch(x, expert_index, slot, num_experts, capacity):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import einsum_dispatch
 
-    return np.asarray(_compiled(einsum_dispatch, x, _allocation(expert_index, slot, num_experts, capacity)))
+    return np.asarray(run_compiled(einsum_dispatch, x, _allocation(expert_index, slot, num_experts, capacity)))
 
 
 # 6. combine: drawn expert outputs and gates; the library's one-hot einsum combine.
@@ -168,10 +141,11 @@ def _combine_cases(rng):
 
 
 def _combine(expert_outputs, expert_index, slot, gates):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import einsum_combine
 
     _, experts, capacity, _ = expert_outputs.shape
-    return np.asarray(_compiled(einsum_combine, expert_outputs, _allocation(expert_index, slot, experts, capacity,
+    return np.asarray(run_compiled(einsum_combine, expert_outputs, _allocation(expert_index, slot, experts, capacity,
                                                                             gates)))
 
 
@@ -189,21 +163,22 @@ def _experts_cases(rng):
 
 
 def _experts(params, buffers):
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers.experts import Experts
 
     num_experts, width, hidden = params["fc1_kernel"].shape
-    layer = _load(lambda: Experts(num_experts, width, hidden, rngs=nnx.Rngs(0)), params)
-    return np.asarray(_jit(layer, lambda module, b: module(b), jnp.asarray(buffers)))
+    return np.asarray(run_module(lambda: Experts(num_experts, width, hidden, rngs=nnx.Rngs(0)), params,
+                                 lambda module, b: module(b), buffers))
 
 
 # 8-9. the losses.
 def _importance(logits):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import importance_loss
 
-    return float(_compiled(importance_loss, logits))
+    return float(run_compiled(importance_loss, logits))
 
 
 def _load_cases(rng):
@@ -215,16 +190,18 @@ def _load_cases(rng):
 
 
 def _load_loss(logits, noisy_logits, k, sigma):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import load_loss
 
-    return float(_compiled(load_loss, logits, noisy_logits, k=k, noise_std=sigma))
+    return float(run_compiled(load_loss, logits, noisy_logits, k=k, noise_std=sigma))
 
 
 # 10. sparse_gates (the debug task): the library's TOP-k gates, zero elsewhere (TOP-1 among the cases).
 def _sparse_gates(logits, k):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import top_k_routing
 
-    routed = _compiled(top_k_routing, logits, k=k)
+    routed = run_compiled(top_k_routing, logits, k=k)
     gates = np.zeros(logits.shape, np.float32)
     np.put_along_axis(gates, np.asarray(routed.expert_index), np.asarray(routed.gates), axis=-1)
     return gates
@@ -245,27 +222,27 @@ def _layer_cases(rng):
     return [(_layer_params(rng, d, h, e), _normal(rng, b, t, d), k, c, g) for b, t, d, h, e, k, c, g in _LAYERS]
 
 
-def _library_layer(params, k, capacity_ratio, group_size, order="softmax_then_topk"):
+def _library_layer(params, k, capacity_ratio, group_size, order, function, *arrays):
+    """``function(layer, *arrays)`` for the library's SparseMoE (vanilla allocation) with the drawn tree
+    ``params``, as one compiled computation (``references.run_module``)."""
+    import warnings
+
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers import SparseMoE
 
     width, num_experts = params["router"]["kernel"].shape
     hidden = params["experts"]["fc1_kernel"].shape[-1]
-    return _load(lambda: SparseMoE(width, hidden, num_experts, k=k, capacity_ratio=capacity_ratio,
-                                   group_size=group_size, allocation="vanilla", router_order=order, rngs=nnx.Rngs(0)),
-                 params)
+    make = lambda: SparseMoE(width, hidden, num_experts, k=k, capacity_ratio=capacity_ratio,  # noqa: E731
+                             group_size=group_size, allocation="vanilla", router_order=order, rngs=nnx.Rngs(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return run_module(make, params, function, *arrays)
 
 
 def _layer(params, x, k, capacity_ratio, group_size, order="softmax_then_topk"):
-    import warnings
-
-    import jax.numpy as jnp
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out = _jit(_library_layer(params, k, capacity_ratio, group_size, order),
-                   lambda layer, tokens: layer(tokens), jnp.asarray(x))
+    out = _library_layer(params, k, capacity_ratio, group_size, order, lambda layer, tokens: layer(tokens), x)
     return np.asarray(out.output), np.asarray(out.routing.served), float(out.aux_loss)
 
 
@@ -279,15 +256,11 @@ def _gradient_cases(rng):
 
 
 def _gradient(params, x, w, capacity_ratio, group_size, order):
-    import warnings
-
     import jax.numpy as jnp
     from flax import nnx
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        layer = _library_layer(params, 1, capacity_ratio, group_size, order)
-        grads = _jit(layer, nnx.grad(lambda model, tokens: jnp.sum(model(tokens).output * w)), jnp.asarray(x))
+    grad = nnx.grad(lambda model, tokens: jnp.sum(model(tokens).output * w))
+    grads = _library_layer(params, 1, capacity_ratio, group_size, order, grad, x)
     return np.asarray(nnx.to_pure_dict(grads)["router"]["kernel"])
 
 

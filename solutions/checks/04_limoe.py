@@ -152,21 +152,19 @@ def _aux_cases(rng):
 
 
 def _aux(params, x, modality, group_size, taus, weight):
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers.multimodal_moe import MultimodalMoE
 
     width, experts = params["router"]["kernel"].shape
-    layer = MultimodalMoE(width, params["experts"]["fc1_bias"].shape[1], experts, taus=taus, joint=("z_loss",),
-                          losses={"image": ("global_entropy",), "text": ("local_entropy", "global_entropy")},
-                          k=1, capacity_ratio=1.0, group_size=group_size, aux_loss_weight=weight, rngs=nnx.Rngs(0))
-    state = nnx.state(layer, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(layer, state)
-    modality = jnp.asarray(modality)
-    return float(layer(jnp.asarray(x), modality=modality, token_mask=modality >= 0).aux_loss)
+    make = lambda: MultimodalMoE(  # noqa: E731
+        width, params["experts"]["fc1_bias"].shape[1], experts, taus=taus, joint=("z_loss",),
+        losses={"image": ("global_entropy",), "text": ("local_entropy", "global_entropy")}, k=1, capacity_ratio=1.0,
+        group_size=group_size, aux_loss_weight=weight, rngs=nnx.Rngs(0))
+    return float(run_module(make, params, lambda layer, tokens, kinds: layer(tokens, modality=kinds,
+                                                                              token_mask=kinds >= 0).aux_loss,
+                            x, modality))
 
 
 CHECKS = {

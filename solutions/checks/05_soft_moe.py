@@ -5,7 +5,8 @@ alone) and in the grader (``reference``, with the library: ``moe_course.routing.
 weights and the slot inputs; ``moe_course.layers.Experts``, ``SoftMoE`` and ``EncoderBlock`` for the experts,
 the layer and the block). Parameter trees are drawn here as plain nested dicts of NumPy arrays with the paths
 and shapes of ``nnx.to_pure_dict(nnx.state(SoftMoE(...), nnx.Param))`` (and of an ``EncoderBlock`` with that
-layer as its MLP), and the references load them into the library's modules (``_load``). Each piece is checked
+layer as its MLP), and the references load them into the library's modules (``references.run_module``: one
+compiled computation per case). Each piece is checked
 on its own inputs (the weights on drawn logits, the slot inputs on drawn dispatch weights, the experts on drawn
 slots), so that a bug in one piece costs that piece's points and those of the pieces built from it. See
 ``moe_course.course.inside.answers``.
@@ -58,33 +59,24 @@ def _layer_cases(rng):
     return [(_soft_params(rng, w, h, e, p), _tokens(rng, b, t, w)) for w, h, e, p, b, t, _ in _SIZES]
 
 
-def _load(module, params):
-    """``module`` with its parameters replaced by the plain dict ``params`` (a missing or extra path raises)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    state = nnx.state(module, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(module, state)
-    return module
-
-
-def _library_soft_moe(params):
+def _soft_moe_maker(params):
+    """A function making the library's SoftMoE of the drawn tree's shapes (its parameters set by
+    ``references.run_module``)."""
     from flax import nnx
 
     from moe_course.layers import SoftMoE
 
     experts, width, hidden = params["experts"]["fc1_kernel"].shape
     per_expert = params["phi"].shape[1] // experts
-    return _load(SoftMoE(width, hidden, experts, slots_per_expert=per_expert, rngs=nnx.Rngs(0)), params)
+    return lambda: SoftMoE(width, hidden, experts, slots_per_expert=per_expert, rngs=nnx.Rngs(0))
 
 
 # 1. soft_logits: the library's logits on the drawn tree.
 def _logits(params, x):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import soft_logits
 
-    return np.asarray(soft_logits(x, params["phi"], params["scale"]))
+    return np.asarray(run_compiled(soft_logits, x, params["phi"], params["scale"]))
 
 
 # 4. soft_weights: logits of scale 3 (far from uniform) with more tokens than slots and fewer.
@@ -93,9 +85,10 @@ def _weights_cases(rng):
 
 
 def _weights(logits):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import soft_combine_weights, soft_dispatch_weights
 
-    return np.asarray(soft_dispatch_weights(logits)), np.asarray(soft_combine_weights(logits))
+    return tuple(np.asarray(run_compiled(weights, logits)) for weights in (soft_dispatch_weights, soft_combine_weights))
 
 
 # 3. the predicted number of dispatch weights (checked after task 4): no inputs; the reference counts one layer's
@@ -123,9 +116,10 @@ def _slots_cases(rng):
 
 
 def _slots(x, dispatch):
+    from moe_course.course.instructor.references import run_compiled
     from moe_course.routing import soft_slots
 
-    return np.asarray(soft_slots(x, dispatch))
+    return np.asarray(run_compiled(soft_slots, x, dispatch))
 
 
 # 5. apply_experts: drawn expert trees and slots, one slot per expert and several.
@@ -136,17 +130,21 @@ def _experts_cases(rng):
 def _apply_experts(experts, slots):
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers import Experts
 
     count, width, hidden = experts["fc1_kernel"].shape
-    module = _load(Experts(count, width, hidden, rngs=nnx.Rngs(0)), experts)
     batch, slot_count, _ = slots.shape
-    return np.asarray(module(slots.reshape(batch, count, slot_count // count, width)).reshape(slots.shape))
+    buffers = slots.reshape(batch, count, slot_count // count, width)
+    return np.asarray(run_module(lambda: Experts(count, width, hidden, rngs=nnx.Rngs(0)), experts,
+                                 lambda module, b: module(b), buffers)).reshape(slots.shape)
 
 
 # 6. soft_moe: the library's SoftMoE on the drawn tree.
 def _layer(params, x):
-    return np.asarray(_library_soft_moe(params)(x).output)
+    from moe_course.course.instructor.references import run_module
+
+    return np.asarray(run_module(_soft_moe_maker(params), params, lambda layer, tokens: layer(tokens).output, x))
 
 
 # 7. soft_moe_block: an EncoderBlock whose MLP is the drawn SoftMoE.
@@ -162,11 +160,12 @@ def _block_cases(rng):
 def _block(params, x, heads):
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers import EncoderBlock
 
-    width = x.shape[-1]
-    block = EncoderBlock(width, heads, 4 * width, mlp=_library_soft_moe(params["mlp"]), rngs=nnx.Rngs(0))
-    return np.asarray(_load(block, params)(x)[0])
+    width, soft_moe = x.shape[-1], _soft_moe_maker(params["mlp"])
+    make = lambda: EncoderBlock(width, heads, 4 * width, mlp=soft_moe(), rngs=nnx.Rngs(0))  # noqa: E731
+    return np.asarray(run_module(make, params, lambda block, tokens: block(tokens)[0], x))
 
 
 CHECKS = {

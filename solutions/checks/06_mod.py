@@ -5,7 +5,7 @@ Runs in two places: in the grading sandbox (``cases`` and ``call``: the inputs, 
 and how the answers are called, with NumPy alone) and in the grader (``reference``, with the library). Parameter
 trees are drawn here as plain nested dicts of NumPy arrays with the paths and shapes of
 ``nnx.to_pure_dict(nnx.state(MoDBlock(...), nnx.Param))``, and the block's reference loads them into the library's
-module. See ``moe_course.course.inside.answers``.
+module (``references.run_module``: one compiled computation per case). See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
@@ -70,20 +70,22 @@ def _forward_cases(rng):
 
 
 def _forward(params, x, heads, capacity, keep_first, previous_attention):
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers.mod import MoDBlock
 
     width, mlp_dim = params["block"]["mlp"]["fc1"]["kernel"].shape
-    block = MoDBlock(width, heads, mlp_dim, capacity=capacity, router="standard" if "router" in params else "attention",
-                     keep_first=keep_first, num_tokens=x.shape[1], rngs=nnx.Rngs(0))
-    state = nnx.state(block, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(block, state)
-    y, _, record = block(jnp.asarray(x), previous_attention=jnp.asarray(previous_attention))
-    return np.asarray(y), np.asarray(record.index)
+    router = "standard" if "router" in params else "attention"
+    make = lambda: MoDBlock(width, heads, mlp_dim, capacity=capacity, router=router,  # noqa: E731
+                            keep_first=keep_first, num_tokens=x.shape[1], rngs=nnx.Rngs(0))
+
+    def forward(block, tokens, maps):
+        y, _, record = block(tokens, previous_attention=maps)
+        return y, record.index
+
+    y, index = run_module(make, params, forward, x, previous_attention)
+    return np.asarray(y), np.asarray(index)
 
 
 def _capacity_cases(rng):

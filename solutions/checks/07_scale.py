@@ -1,84 +1,60 @@
 """Checks of assignment 07: the inputs each answer is called on, and the course library's reference.
 
 Runs in two places: in the grading sandbox (``cases``, the inputs, drawn from the grading seed, and ``call``,
-which calls the learner's function and turns what it did into arrays) and in the grader (``reference``,
-with the library and JAX). See ``moe_course.course.inside.answers``. Apart from ``Check``, only the ``reference``
-functions import ``moe_course`` (inside their bodies).
+which runs the learner's function on CPU devices and turns what it did into arrays) and in the grader
+(``reference``, with the library and JAX). See ``moe_course.course.inside.answers``. Apart from ``Check``, only the
+``reference`` functions import ``moe_course`` (inside their bodies).
 
-The grading kernel has ONE device, so the references simulate the n devices of an all-to-all as a named axis
-of ``jax.vmap``: JAX runs the same collective over that axis (its batching rule), on one device.
-(tests/test_parallel.py checks that ``parallel.exchange`` under such a vmap equals, bit for bit, the same
-function inside ``jax.shard_map`` on 8 devices. ``apply_experts_parallel`` on a one-device mesh would not do:
-an all-to-all over an axis of size 1 moves nothing.)
-
-Where an answer must raise ValueError, the case ends with ``RAISES`` and its one output is whether the
-learner's function raised ValueError (1) or returned (0); the reference says whether the library refuses the
-same input. Other cases end with ``RETURNS`` and their outputs are the function's return values.
+The learner's exchanges and layer run in the sandbox inside ``jax.shard_map`` over a mesh of n CPU devices
+(``_mesh``): the notebook's setup cell asks JAX for 4 before it starts them (``jax_num_cpu_devices``, which
+overrides the grading kernel's XLA_FLAGS). The grader may have one device, so the references do without a mesh:
+the library's ``parallel.exchange`` under ``jax.vmap`` with a named axis (JAX runs the same collective over it,
+on one device; tests/test_parallel.py checks it equals ``shard_map`` on 8 devices), and for the layer the
+one-device ``SparseMoE`` (vanilla allocation, evaluation), which the expert-parallel layer must equal.
 """
 
 import numpy as np
 
 from moe_course.course.inside.answers import Check
 
-RETURNS, RAISES = "returns", "raises"  # the last argument of a case: what the function must do
-# The answers are NumPy; all_to_all's reference is jax.lax.all_to_all itself, so the grading sandbox of this
-# assignment has no JAX to call (moe_course.course.limits.inputs): the primitive cannot answer its own check.
-SANDBOX_WITHOUT = ("jax", "jaxlib")
+
+def _normal(rng, *shape):
+    return rng.normal(size=shape).astype(np.float32)
 
 
-def _raised(function, *args) -> np.ndarray:
-    """1 when ``function(*args)`` raises ValueError, 0 when it returns (any other exception propagates)."""
-    try:
-        function(*args)
-    except ValueError:
-        return np.array(1)
-    return np.array(0)
-
-
-# all_to_all_tests: all_to_all(per_device, split_axis, concat_axis) against jax.lax.all_to_all(tiled=True).
-
-def _all_to_all_cases(rng):
-    cases = [(rng.permutation(4 * 8 * 6).astype(np.float32).reshape(4, 8, 6), 0, 1),  # distinct values
-             (rng.normal(size=(2, 6, 4, 3)).astype(np.float32), 1, 0),
-             (rng.normal(size=(3, 2, 6, 5)).astype(np.float32), 1, 2),
-             (rng.normal(size=(4, 4, 3)).astype(np.float32), 0, 0),
-             (rng.normal(size=(1, 2, 3)).astype(np.float32), 0, 1)]  # one device: nothing moves
-    return [case + (RETURNS,) for case in cases] + [(rng.normal(size=(4, 6, 2)), 0, 1, RAISES)]  # 6 rows, 4 devices
-
-
-def _all_to_all_call(function, per_device, split_axis, concat_axis, mode):
-    if mode == RAISES:
-        return _raised(function, per_device, split_axis, concat_axis)
-    return np.asarray(function(per_device, split_axis, concat_axis))
-
-
-def _all_to_all(per_device, split_axis, concat_axis, mode):
+def _mesh(devices):
+    """A mesh of the first ``devices`` CPU devices with one axis, ``expert`` (in the sandbox)."""
     import jax
 
-    def collective(x):
-        return jax.vmap(lambda a: jax.lax.all_to_all(a, "devices", split_axis, concat_axis, tiled=True),
-                        axis_name="devices")(x)
-
-    if mode == RAISES:
-        return _raised(collective, per_device)
-    return np.asarray(collective(per_device))
+    cpus = jax.devices("cpu")
+    if len(cpus) < devices:
+        raise RuntimeError(f"{devices} CPU devices needed, JAX has {len(cpus)}: run the setup cell first")
+    return jax.sharding.Mesh(np.array(cpus[:devices]), ("expert",))
 
 
-# exchange_tests: (to_experts, to_owners) against the library's exchange there and back
-# (jax.lax.all_to_all over the mesh's "expert" axis, simulated as a vmap axis of that name).
+# exchange_tests: (to_experts, to_owners), each run per device inside shard_map over n devices, against the
+# library's exchange there and back. buffers (n, g, E, B, D) and inbox (n, n * g, E/n, B, D): device d's are [d].
 
 def _exchange_cases(rng):
     cases = []
-    for n, g, experts, capacity, width in [(2, 1, 4, 3, 2), (4, 3, 8, 2, 3), (8, 2, 8, 1, 4), (1, 2, 3, 2, 2)]:
-        buffers = rng.normal(size=(n, g, experts, capacity, width)).astype(np.float32)
-        inbox = rng.normal(size=(n, n * g, experts // n, capacity, width)).astype(np.float32)
-        cases.append((buffers, inbox))
+    for n, g, experts, capacity, width in [(2, 1, 4, 3, 2), (4, 3, 8, 2, 3), (4, 1, 4, 1, 4), (1, 2, 3, 2, 2)]:
+        cases.append((_normal(rng, n, g, experts, capacity, width),
+                      _normal(rng, n, n * g, experts // n, capacity, width)))
     return cases
 
 
 def _exchange_call(functions, buffers, inbox):
-    to_experts, to_owners = functions
-    return np.asarray(to_experts(buffers)), np.asarray(to_owners(inbox))
+    """Each function on the devices' arrays laid end to end along axis 0 (device d's are rows d*m ... (d+1)*m - 1
+    of the global array), split over the mesh and back into (n, ...)."""
+    import jax
+
+    mesh, spec = _mesh(len(buffers)), jax.sharding.PartitionSpec("expert")
+    outputs = []
+    for function, per_device in zip(functions, (buffers, inbox)):
+        joined = per_device.reshape(-1, *per_device.shape[2:])
+        out = jax.jit(jax.shard_map(function, mesh=mesh, in_specs=spec, out_specs=spec))(joined)
+        outputs.append(np.asarray(out).reshape(len(per_device), -1, *out.shape[1:]))
+    return tuple(outputs)
 
 
 def _exchange(buffers, inbox):
@@ -93,42 +69,58 @@ def _exchange(buffers, inbox):
     return np.asarray(there(buffers)), np.asarray(back(inbox))
 
 
-# home_tests: expert_home(expert, num_experts, devices) for every expert, against the device the library's
-# exchange delivers that expert's buffer to; ValueError where the library refuses the mesh (check_experts).
+# layer_tests: expert_parallel_layer(params, x, k, capacity_ratio, group_size, mesh) on n devices against the
+# library's one-device SparseMoE with the drawn parameters: 1 to 3 routing groups per device, k = 1 to 3,
+# capacity ratios that drop choices; the router scaled so that some experts are popular.
 
-def _home_cases(rng):
-    fixed = [(8, 1), (8, 2), (8, 4), (8, 8), (12, 3), (32, 4), (6, 6)]
-    drawn = [(int(n * rng.integers(1, 6)), int(n)) for n in rng.integers(2, 7, size=2)]
-    refused = [(8, 3), (6, 4), (10, 4)]
-    n = int(rng.integers(3, 7))
-    refused.append((int(n * rng.integers(1, 5) + rng.integers(1, n)), n))  # not a multiple of n
-    return [(e, n, RETURNS) for e, n in fixed + drawn] + [(e, n, RAISES) for e, n in refused]
+_LAYERS = ((4, 16, 5, 6, 12, 8, 2, 1.0, 2), (2, 4, 6, 8, 8, 4, 1, 1.5, 1), (4, 12, 4, 4, 8, 4, 3, 0.5, 1),
+           (1, 2, 3, 4, 4, 2, 1, 1.0, 2))
 
 
-def _home_call(function, num_experts, devices, mode):
-    if mode == RAISES:
-        return _raised(function, 0, num_experts, devices)
-    return np.array([int(function(e, num_experts, devices)) for e in range(num_experts)])
+def _layer_cases(rng):
+    cases = []
+    for n, batch, tokens, width, hidden, experts, k, ratio, group_size in _LAYERS:
+        params = {"router": {"kernel": 1.5 * _normal(rng, width, experts) / np.float32(np.sqrt(width))},
+                  "experts": {"fc1_kernel": _normal(rng, experts, width, hidden) / np.float32(np.sqrt(width)),
+                              "fc1_bias": 0.3 * _normal(rng, experts, hidden),
+                              "fc2_kernel": _normal(rng, experts, hidden, width) / np.float32(np.sqrt(hidden)),
+                              "fc2_bias": 0.3 * _normal(rng, experts, width)}}
+        cases.append((params, _normal(rng, batch, tokens, width), k, ratio, group_size, n))
+    return cases
 
 
-def _home(num_experts, devices, mode):
+def _layer_call(function, params, x, k, capacity_ratio, group_size, devices):
+    """The learner's layer on a mesh of ``devices`` CPU devices, compiled once (jax.jit: eager dispatch of a
+    whole layer on every drawn shape costs the sandbox memory and time)."""
     import jax
 
-    from moe_course.parallel import EXPERT, check_experts, exchange
-
-    if mode == RAISES:
-        return _raised(check_experts, num_experts, devices)
-    # Tag expert e's buffer with e, exchange over n simulated devices, read which device received it.
-    tags = np.broadcast_to(np.arange(num_experts, dtype=np.float32)[None, None, :, None, None],
-                           (devices, 1, num_experts, 1, 1))
-    inbox = np.asarray(jax.vmap(exchange, axis_name=EXPERT)(tags))  # (n, n, E/n, 1, 1)
-    home = np.full(num_experts, -1)
-    for device in range(devices):
-        home[inbox[device, 0, :, 0, 0].astype(int)] = device
-    return home
+    mesh = _mesh(devices)
+    return np.asarray(jax.jit(lambda p, tokens: function(p, tokens, k, capacity_ratio, group_size, mesh))(params, x))
 
 
-# bytes_tests: mesh_bytes (the port of task 5 fixed) against moe_course.parallel.all_to_all_bytes, with the groups
+def _layer(params, x, k, capacity_ratio, group_size, devices):
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from moe_course.layers import SparseMoE
+
+    width, experts = params["router"]["kernel"].shape
+    layer = nnx.eval_shape(lambda: SparseMoE(width, params["experts"]["fc1_kernel"].shape[-1], experts, k=k,
+                                             capacity_ratio=capacity_ratio, group_size=group_size,
+                                             allocation="vanilla", rngs=nnx.Rngs(0)))
+    state = nnx.state(layer, nnx.Param)
+    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+    nnx.update(layer, state)
+    graph, state = nnx.split(layer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a capacity that rounds
+        return np.asarray(jax.jit(lambda s, tokens: nnx.merge(graph, s)(tokens).output)(state, jnp.asarray(x)))
+
+
+# bytes_tests: mesh_bytes (the port of task 4 fixed) against moe_course.parallel.all_to_all_bytes, with the groups
 # per device and the buffer capacity (moe_course.routing.expert_capacity) of the mesh and the layer: meshes with 1
 # or 2 rows and 1 to 8 devices per row, capacities that round (a half up) and one below one slot.
 
@@ -160,15 +152,14 @@ def _bytes(total, tokens, num_experts, k, ratio, dim, data, expert, itemsize):
 
 # mesh_tests: the predicted factor by which one device's bytes change when one row of 8 devices (k = 2, C = 1)
 # becomes the mesh data=2 x expert=4 and the layer runs at k = 1, C = 1.25 (16 experts, 16 groups of 64 tokens,
-# width 64), checked after task 5: no inputs (the question is fixed); the reference is the library's count.
-def _mesh():
+# width 64), checked after task 4: no inputs (the question is fixed); the reference is the library's count.
+def _mesh_factor():
     return _bytes(16, 64, 16, 1, 1.25, 64, 2, 4, 4) / _bytes(16, 64, 16, 2, 1.0, 64, 1, 8, 4)
 
 
 CHECKS = {
-    "all_to_all_tests": Check(_all_to_all_cases, _all_to_all, exact=True, call=_all_to_all_call),
     "exchange_tests": Check(_exchange_cases, _exchange, exact=True, call=_exchange_call),
-    "home_tests": Check(_home_cases, _home, exact=True, call=_home_call),
+    "layer_tests": Check(_layer_cases, _layer, rtol=1e-4, atol=1e-5, call=_layer_call),
     "bytes_tests": Check(_bytes_cases, _bytes, exact=True, scalar=True, call=_bytes_call),
-    "mesh_tests": Check(lambda rng: [()], _mesh, rtol=0.0, atol=1e-3, scalar=True),  # a prediction: no inputs
+    "mesh_tests": Check(lambda rng: [()], _mesh_factor, rtol=0.0, atol=1e-3, scalar=True),  # a prediction: no inputs
 }

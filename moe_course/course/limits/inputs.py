@@ -7,8 +7,8 @@ and classes that ``CHECKS`` no longer reaches -- the references and the helpers 
 out, so an answer cannot call the grader's own code (Python's ``ast``: the file is parsed, never run, here).
 
 A checks file may also name packages the sandbox must not offer at all, ``SANDBOX_WITHOUT = ("jax", ...)``:
-where an assignment asks for what a library primitive does (07_scale's ``all_to_all`` is
-``jax.lax.all_to_all``), the primitive is not in the file system the answer runs in, so calling it cannot
+where an assignment asks for what a library primitive does (an ``all_to_all`` written in NumPy, say, whose
+reference is ``jax.lax.all_to_all``), the primitive is not in the file system the answer runs in, so calling it cannot
 answer the check (``hidden_packages``; the sandbox hides their folders under an empty tmpfs).
 """
 

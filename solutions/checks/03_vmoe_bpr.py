@@ -42,10 +42,9 @@ def _tied_gates(rng, shape):
     return (-np.sort(-rng.integers(1, 9, size=shape), axis=-1) / 8).astype(np.float32)
 
 
-# 1. priority_order: drawn and tied gates, both scores; the reference is the inverse of BPR's priority_rank.
+# 1. priority_order: drawn gates by the max, tied gates by the sum; the reference is the inverse of BPR's priority_rank.
 def _priority_cases(rng):
-    drawn, tied = _drawn_gates(rng, (3, 10, 2), 4), _tied_gates(rng, (3, 10, 3))
-    return [(gates, score) for gates in (drawn, tied) for score in ("max", "sum")]
+    return [(_drawn_gates(rng, (3, 10, 2), 4), "max"), (_tied_gates(rng, (3, 10, 3)), "sum")]
 
 
 def _priority(gates, score):
@@ -59,14 +58,14 @@ def _priority(gates, score):
     return np.argsort(np.asarray(rank), axis=1)
 
 
-# 3. bpr_allocate: TOP-1 to TOP-3, tight and loose buffers, tied scores, both scores.
+# 3. bpr_allocate: TOP-1 to TOP-3, tight and loose buffers, tied scores, both scores (sum for TOP-3).
 def _allocate_cases(rng):
     cases = []
-    for k, capacity, score in ((1, 2, "max"), (2, 3, "max"), (3, 1, "sum"), (2, 30, "max")):
+    for k, capacity, score in ((1, 2, "max"), (3, 1, "sum"), (2, 30, "max")):
         shape = (2, 12, k)
         cases.append((_drawn_choices(rng, shape, 5), _drawn_gates(rng, shape, 5), capacity, 5, score))
     shape = (2, 10, 2)
-    return cases + [(_drawn_choices(rng, shape, 4), _tied_gates(rng, shape), 3, 4, score) for score in ("max", "sum")]
+    return cases + [(_drawn_choices(rng, shape, 4), _tied_gates(rng, shape), 3, 4, "max")]
 
 
 def _bpr_slots(expert_index, gates, capacity, num_experts, score):
@@ -242,18 +241,23 @@ def _vmoe_logits(params, images, settings):
     return np.asarray(out.logits), float(out.aux_loss)
 
 
-# 6. loss_fn: drawn labels; the loss and its gradient, every parameter's, in jax.tree.leaves order.
+# 6. loss_fn: drawn labels; the loss and its gradient (every parameter's, in jax.tree.leaves order, as one vector).
+# One model, the second (class token, k = 1, priority by the sum): compiling a model's gradient is the slowest part
+# of grading, and train_tests differentiates the first.
 def _loss_cases(rng):
-    return [(_vmoe_tree(rng, model), _images(rng, model, model[-1]), rng.integers(0, model[7], size=model[-1]).astype(
-        np.int32), _settings(model)) for model in _MODELS]
+    model = _MODELS[1]
+    return [(_vmoe_tree(rng, model), _images(rng, model, model[-1]),
+             rng.integers(0, model[7], size=model[-1]).astype(np.int32), _settings(model))]
 
 
 def _value_and_gradient(function, params, images, labels, settings):
-    """``call`` of loss_tests: jax.value_and_grad of the learner's loss, compiled; (loss, *gradient leaves)."""
+    """``call`` of loss_tests: jax.value_and_grad of the learner's loss, compiled; (loss, every parameter's gradient
+    flattened, in jax.tree.leaves order, into one vector: the grader reads at most 64 outputs a case)."""
     import jax
+    import jax.numpy as jnp
 
     loss, grads = jax.jit(jax.value_and_grad(lambda p: function(p, images, labels, settings)))(params)
-    return (loss, *jax.tree.leaves(grads))
+    return loss, jnp.concatenate([jnp.ravel(g) for g in jax.tree.leaves(grads)])
 
 
 @_quiet
@@ -270,7 +274,7 @@ def _vmoe_loss(params, images, labels, settings):
 
     model = _library_vmoe(params, settings)
     value, grads = _compiled_module(model, nnx.value_and_grad(loss), jnp.asarray(images), jnp.asarray(labels))
-    return (float(value), *[np.asarray(g) for g in jax.tree.leaves(nnx.to_pure_dict(grads))])
+    return float(value), np.concatenate([np.ravel(g) for g in jax.tree.leaves(nnx.to_pure_dict(grads))])
 
 
 # 8. train_step: TRAIN_STEPS batches of the first model, drawn images and labels.

@@ -702,10 +702,10 @@ else:
 # %% [markdown]
 # ## Exercises
 #
-# The exercise notebook `03_vmoe_bpr` asks you to write BPR's priority order and which TOP-1 choices BPR serves
-# *without* the chapter's loop over tokens, to predict how many choices BPR drops before you write that, to fix an
-# evaluation's routing groups (a class-sorted split), and to explain which choices vanilla routing and BPR drop (9
-# points, and 2 graded by the instructor).
+# The exercise notebook `03_vmoe_bpr` asks you to build your own V-MoE in `jax.numpy` -- BPR as your allocation,
+# your MoE layer, the forward on the library's parameters, an optax training step -- and to train it beside the
+# library's; to predict which tokens BPR leaves without an expert, fix an evaluation's routing groups and explain
+# which choices vanilla routing and BPR drop (24 points, and 2 graded by the instructor).
 #
 # Get your own copy and check it from a terminal (in JupyterLab: *File -> New -> Terminal*), in the
 # repository's folder or any folder inside it:

@@ -9,9 +9,9 @@ Runs in two places: in the grading sandbox (``cases`` and ``call``: the inputs, 
 the answers are called, with NumPy and JAX alone) and in the grader (``reference``, with the library). Parameter
 trees are drawn here as plain nested dicts of NumPy arrays with the paths and shapes of
 ``nnx.to_pure_dict(nnx.state(VMoE(config), nnx.Param))``, and the references load them into the library's modules
-(``_load``, from shapes alone: ``nnx.eval_shape``). Routings are drawn as such (gates as the k largest coordinates
-of a Dirichlet(1) point, random experts), never computed by routing code here. See
-``moe_course.course.inside.answers``.
+(``references.run_module``: one compiled computation per case; the training reference's model from shapes alone,
+``_load``). Routings are drawn as such (gates as the k largest coordinates of a Dirichlet(1) point, random
+experts), never computed by routing code here. See ``moe_course.course.inside.answers``.
 """
 
 import numpy as np
@@ -169,22 +169,14 @@ def _config(params, settings):
                       priority=settings["priority"], noise_std=0.0, aux_loss_weight=settings["aux_loss_weight"])
 
 
-def _library_vmoe(params, settings):
+def _vmoe_maker(params, settings):
+    """A function making the library's VMoE of the drawn tree's config."""
     from flax import nnx
 
     from moe_course.models import VMoE
 
     config = _config(params, settings)
-    return _load(lambda: VMoE(config, rngs=nnx.Rngs(0)), params)
-
-
-def _compiled_module(module, function, *args):
-    """``function(module, *args)`` compiled once (jax.jit over the module's split state)."""
-    import jax
-    from flax import nnx
-
-    graph, state = nnx.split(module)
-    return jax.jit(lambda s, *a: function(nnx.merge(graph, s), *a))(state, *args)
+    return lambda: VMoE(config, rngs=nnx.Rngs(0))
 
 
 def _quiet(function):
@@ -214,17 +206,17 @@ def _layer_cases(rng):
 
 @_quiet
 def _bpr_layer(p, x, settings):
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers import SparseMoE
 
     num_experts, width, hidden = p["experts"]["fc1_kernel"].shape
-    layer = _load(lambda: SparseMoE(width, hidden, num_experts, k=settings["k"],
-                                    capacity_ratio=settings["capacity_ratio"], group_size=settings["group_size"],
-                                    allocation="bpr", priority=settings["priority"], noise_std=0.0,
-                                    aux_loss_weight=settings["aux_loss_weight"], rngs=nnx.Rngs(0)), p)
-    out = _compiled_module(layer, lambda module, tokens: module(tokens), jnp.asarray(x))
+    make = lambda: SparseMoE(width, hidden, num_experts, k=settings["k"],  # noqa: E731
+                             capacity_ratio=settings["capacity_ratio"], group_size=settings["group_size"],
+                             allocation="bpr", priority=settings["priority"], noise_std=0.0,
+                             aux_loss_weight=settings["aux_loss_weight"], rngs=nnx.Rngs(0))
+    out = run_module(make, p, lambda module, tokens: module(tokens), x)
     return np.asarray(out.output), np.asarray(out.routing.served), float(out.aux_loss)
 
 
@@ -235,9 +227,9 @@ def _forward_cases(rng):
 
 @_quiet
 def _vmoe_logits(params, images, settings):
-    import jax.numpy as jnp
+    from moe_course.course.instructor.references import run_module
 
-    out = _compiled_module(_library_vmoe(params, settings), lambda model, x: model(x), jnp.asarray(images))
+    out = run_module(_vmoe_maker(params, settings), params, lambda model, x: model(x), images)
     return np.asarray(out.logits), float(out.aux_loss)
 
 
@@ -262,17 +254,16 @@ def _value_and_gradient(function, params, images, labels, settings):
 @_quiet
 def _vmoe_loss(params, images, labels, settings):
     import jax
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.train.objectives import CLASSIFICATION
 
     def loss(model, x, y):
         task, aux, _ = CLASSIFICATION.loss(model, {"image": x, "label": y}, nnx.Rngs(0))
         return task + aux
 
-    model = _library_vmoe(params, settings)
-    value, grads = _compiled_module(model, nnx.value_and_grad(loss), jnp.asarray(images), jnp.asarray(labels))
+    value, grads = run_module(_vmoe_maker(params, settings), params, nnx.value_and_grad(loss), images, labels)
     return float(value), np.concatenate([np.ravel(g) for g in jax.tree.leaves(nnx.to_pure_dict(grads))])
 
 
@@ -305,7 +296,7 @@ def _library_losses(params, images, labels, settings):
 
     from moe_course.train.steps import make_train_step
 
-    graphdef, state, rest = nnx.split(_library_vmoe(params, settings), nnx.Param, ...)
+    graphdef, state, rest = nnx.split(_load(_vmoe_maker(params, settings), params), nnx.Param, ...)
     optimizer = optax.adam(LEARNING_RATE)
     step, opt_state, losses = make_train_step(graphdef, optimizer), optimizer.init(state), []
     for x, y in zip(images, labels):

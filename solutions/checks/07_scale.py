@@ -101,23 +101,18 @@ def _layer_call(function, params, x, k, capacity_ratio, group_size, devices):
 def _layer(params, x, k, capacity_ratio, group_size, devices):
     import warnings
 
-    import jax
-    import jax.numpy as jnp
     from flax import nnx
 
+    from moe_course.course.instructor.references import run_module
     from moe_course.layers import SparseMoE
 
     width, experts = params["router"]["kernel"].shape
-    layer = nnx.eval_shape(lambda: SparseMoE(width, params["experts"]["fc1_kernel"].shape[-1], experts, k=k,
-                                             capacity_ratio=capacity_ratio, group_size=group_size,
-                                             allocation="vanilla", rngs=nnx.Rngs(0)))
-    state = nnx.state(layer, nnx.Param)
-    nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
-    nnx.update(layer, state)
-    graph, state = nnx.split(layer)
+    make = lambda: SparseMoE(width, params["experts"]["fc1_kernel"].shape[-1], experts, k=k,  # noqa: E731
+                             capacity_ratio=capacity_ratio, group_size=group_size, allocation="vanilla",
+                             rngs=nnx.Rngs(0))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a capacity that rounds
-        return np.asarray(jax.jit(lambda s, tokens: nnx.merge(graph, s)(tokens).output)(state, jnp.asarray(x)))
+        return np.asarray(run_module(make, params, lambda layer, tokens: layer(tokens).output, x))
 
 
 # bytes_tests: mesh_bytes (the port of task 4 fixed) against moe_course.parallel.all_to_all_bytes, with the groups

@@ -39,12 +39,14 @@
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
 import functools
-import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from moe_course.course.inside.notebook import differs, predictions
+
+freeze = predictions("01_vit.predictions.json")  # freeze(name, value): the first answer counts
 
 rng = np.random.default_rng(0)
 try:  # the course library: on your machine the visible tests compare with it; grading compares outside
@@ -68,27 +70,6 @@ def library_vit(seed=0, **fields):
         if isinstance(param, nnx.Param):
             param[...] = jnp.asarray(0.3 * draw.normal(size=param.shape), param[...].dtype) + param[...]
     return model, nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def freeze(name, value, path="01_vit.predictions.json"):
-    """Record ``value`` as the first answer of prediction ``name`` in ``path`` (beside this notebook) unless one is
-    recorded already; raises AssertionError when the first answer was another one (the first one counts)."""
-    if value is None:
-        return f"{name} is not answered yet: nothing recorded"
-    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    if name not in recorded:
-        Path(path).write_text(json.dumps({**recorded, name: json.dumps(value)}, indent=1) + "\n")
-        return f"{name} = {value} recorded as your prediction (in {path} beside this notebook)"
-    assert recorded[name] == json.dumps(value), (
-        f"{name} was {recorded[name]} when first recorded and is {value} now: a prediction counts as first written; "
-        f"put it back (to start over, delete {path})")
-    return f"{name} = {value}, as first recorded"
-
-
-def differs(mine, theirs):
-    """Largest absolute difference between two arrays, or why they cannot be compared."""
-    mine, theirs = np.asarray(mine), np.asarray(theirs)
-    return f"shape {mine.shape}, expected {theirs.shape}" if mine.shape != theirs.shape else np.abs(mine - theirs).max()
 
 
 # %% [markdown]

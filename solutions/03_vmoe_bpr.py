@@ -36,13 +36,14 @@
 # the pieces of assignments 1 and 2 that you need (given code, a clean version).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
-import json
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+from moe_course.course.inside.notebook import close, predictions
+
+freeze = predictions("03_vmoe_bpr.predictions.json")  # freeze(name, value): the first answer counts
 
 rng = np.random.default_rng(0)
 LEARNING_RATE = 1e-3
@@ -76,28 +77,6 @@ def library_vmoe(seed=0, randomise=True, config=None, **fields):
         if isinstance(param, nnx.Param):
             param[...] = jnp.asarray(0.3 * draw.normal(size=param.shape), param[...].dtype) + param[...]
     return model, nnx.to_pure_dict(nnx.state(model, nnx.Param)), settings_of(model.config)
-
-
-def freeze(name, value, path="03_vmoe_bpr.predictions.json"):
-    """Record ``value`` as the first answer of prediction ``name`` in ``path`` (beside this notebook) unless one is
-    recorded already; raises AssertionError when the first answer was another one (the first one counts)."""
-    if value is None:
-        return f"{name} is not answered yet: nothing recorded"
-    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    if name not in recorded:
-        Path(path).write_text(json.dumps({**recorded, name: json.dumps(value)}, indent=1) + "\n")
-        return f"{name} = {value} recorded as your prediction (in {path} beside this notebook)"
-    assert recorded[name] == json.dumps(value), (
-        f"{name} was {recorded[name]} when first recorded and is {value} now: a prediction counts as first written; "
-        f"put it back (to start over, delete {path})")
-    return f"{name} = {value}, as first recorded"
-
-
-def close(mine, theirs, what, tolerance=1e-5):
-    mine, theirs = np.asarray(mine, np.float64), np.asarray(theirs, np.float64)
-    assert mine.shape == theirs.shape, f"your {what} has shape {mine.shape}, expected {theirs.shape}"
-    gap = np.abs(mine - theirs).max()
-    assert gap <= tolerance, f"your {what} differs from the library's by {gap:.3g}"
 
 
 # %% [markdown]

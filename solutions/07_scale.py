@@ -22,12 +22,10 @@
 # runs anything: run it first, on a fresh kernel (after a restart, if JAX already ran in this kernel).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
-import json
 import math
 import os
 import sys
 import warnings
-from pathlib import Path
 
 if "jax" not in sys.modules:  # before JAX starts; added to flags already set, not replacing them
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
@@ -36,6 +34,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
+
+from moe_course.course.inside.notebook import predictions
+
+freeze = predictions("07_scale.predictions.json")  # freeze(name, value): the first answer counts
 
 try:  # JAX imported but not started yet (the grading kernel): the same request
     jax.config.update("jax_num_cpu_devices", 4)
@@ -56,21 +58,6 @@ try:  # the course library: on your machine the visible tests compare with it; g
     LIBRARY = True
 except ImportError:
     LIBRARY = False
-
-
-def freeze(name, value, path="07_scale.predictions.json"):
-    """Record ``value`` as the first answer of prediction ``name`` in ``path`` (beside this notebook) unless one is
-    recorded already; raises AssertionError when the first answer was another one (the first one counts)."""
-    if value is None:
-        return f"{name} is not answered yet: nothing recorded"
-    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    if name not in recorded:
-        Path(path).write_text(json.dumps({**recorded, name: json.dumps(value)}, indent=1) + "\n")
-        return f"{name} = {value} recorded as your prediction (in {path} beside this notebook)"
-    assert recorded[name] == json.dumps(value), (
-        f"{name} was {recorded[name]} when first recorded and is {value} now: a prediction counts as first written; "
-        f"put it back (to start over, delete {path})")
-    return f"{name} = {value}, as first recorded"
 
 
 def on_devices(function, per_device):

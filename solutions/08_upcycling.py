@@ -36,12 +36,13 @@
 # prediction as first written (`freeze`) and compares trees leaf by leaf (`tree_gap`).
 
 # %% nbgrader={"grade": false, "grade_id": "setup", "locked": true, "schema_version": 3, "solution": false, "task": false}
-import json
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from moe_course.course.inside.notebook import predictions
+
+freeze = predictions("08_upcycling.predictions.json")  # freeze(name, value): the first answer counts
 
 rng = np.random.default_rng(0)
 try:  # the course library: on your machine the visible tests compare with it; grading compares outside
@@ -80,21 +81,6 @@ def with_params(model, tree):
     nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, tree))
     nnx.update(model, state)
     return model
-
-
-def freeze(name, value, path="08_upcycling.predictions.json"):
-    """Record ``value`` as the first answer of prediction ``name`` in ``path`` (beside this notebook) unless one is
-    recorded already; raises AssertionError when the first answer was another one (the first one counts)."""
-    if value is None:
-        return f"{name} is not answered yet: nothing recorded"
-    recorded = json.loads(Path(path).read_text()) if Path(path).exists() else {}
-    if name not in recorded:
-        Path(path).write_text(json.dumps({**recorded, name: json.dumps(value)}, indent=1) + "\n")
-        return f"{name} = {value} recorded as your prediction (in {path} beside this notebook)"
-    assert recorded[name] == json.dumps(value), (
-        f"{name} was {recorded[name]} when first recorded and is {value} now: a prediction counts as first written; "
-        f"put it back (to start over, delete {path})")
-    return f"{name} = {value}, as first recorded"
 
 
 def tree_gap(mine, theirs):

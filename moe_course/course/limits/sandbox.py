@@ -15,8 +15,8 @@ kernel in it) into the worker's private scratch folder and replaces itself with 
   of any process outside (so no ``/proc/<pid>/mem``, no signals to the grader or other students), a new
   terminal session, killed with its parent; the cgroup of ``budget.Cgroup`` where the worker made one;
 - a file system of only: the system's ``/usr`` and ``/lib*`` read-only, the Python installation read-only,
-  in place of the ``moe_course`` package a runtime of three modules (``runtime_package``: the kernel, its
-  guard and ``answers``, no course library -- so no reference routine to call or compare with, whether the
+  in place of the ``moe_course`` package a runtime of four modules (``runtime_package``: the kernel, its
+  guard, ``answers`` and the notebooks' ``notebook`` helpers, no course library -- so no reference routine to call or compare with, whether the
   package is installed or editable), the assignment's checks file (``/grading/checks.py``, read-only), the
   folder the hidden tests write their answers to (``/grading/answers``), the private writable copy of the
   submission's folder at the submission's own path, this kernel's connection file (read-only) and its
@@ -64,8 +64,9 @@ _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ETC = ("/etc/ld.so.cache", "/etc/localtime", "/etc/nsswitch.conf", "/etc/passwd", "/etc/group")
 _KERNEL_ENV = ("MPLBACKEND", "JAX_PLATFORMS", "XLA_FLAGS", "PYTHONDONTWRITEBYTECODE", "LANG", "LC_ALL", SEED_ENV)
 ANSWERS_INSIDE, CHECKS_INSIDE = "/grading/answers", "/grading/checks.py"
-# all of moe_course inside the sandbox: three modules of the room that runs there (not even its compare)
-RUNTIME_MODULES = ("course/inside/kernel.py", "course/inside/guard.py", "course/inside/answers.py")
+# all of moe_course inside the sandbox: four modules of the room that runs there (not even its compare)
+RUNTIME_MODULES = ("course/inside/kernel.py", "course/inside/guard.py", "course/inside/answers.py",
+                   "course/inside/notebook.py")
 HIDDEN_INIT = 'raise ImportError("this package is not in the grading sandbox of this assignment")\n'
 
 

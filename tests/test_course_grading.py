@@ -62,7 +62,9 @@ def test_round_trip(course, name, tmp_path, capsys):
     assert main(["course", "feedback", name, "--course-dir", str(course)]) == 0
     for student in (full, zero, partial):
         html = (course / "feedback" / student / name / f"{name}.html").read_text()
-        assert "HIDDEN TESTS" not in html and "_answers.record" not in html and "moe_course.course" not in html
+        # the hidden tests' source stays hidden (the setup cell's import of inside.notebook is the learner's own)
+        assert "HIDDEN TESTS" not in html and "_answers.record" not in html
+        assert "moe_course.course.inside.answers" not in html
         # every check that failed says so, with its reason, in the cell it grades (the grader's verdict)
         failed = json.loads((course / "gradebooks" / name / f"{student}.json").read_text())["failed_checks"]
         assert all(f"CheckFailed: {grade_id}" in html for grade_id in failed), (student, failed)

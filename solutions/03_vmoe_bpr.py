@@ -434,14 +434,15 @@ _answers.record("evaluation_tests", evaluation_groups)
 # loss)`, the loss of the parameters the step started from. It must be traceable: it is run under `jax.jit`.
 #
 # The test below trains your V-MoE on chapter 3's digits (`digits-tiny-moe` with BPR, no router noise) beside the
-# library's -- the same initial parameters, the same 100 batches of 16 images, the library's own compiled training
+# library's -- the same initial parameters, the same 300 batches of 64 images, the library's own compiled training
 # step (`moe_course.train.steps.make_train_step`) with the same optimizer -- and prints how far apart the two loss
-# curves ever are, and the test accuracy of your trained model (in your task 7's groups) beside that of the dense
-# ViT of matched compute (MLP 192), trained on the same batches. Grading runs your step on a tiny model and
-# compares every step's loss with the library's. (Float rounding differs between your operations and the library's;
-# training amplifies it, slowly here. After 100 steps of 16 images both models are still on the plateau where
-# training on the digits starts, near the 0.1 of chance; chapter 3's 1,200 steps of 128 take them past it. The
-# accuracies say where the runs are, not which model is better.)
+# curves are, and the test accuracy of your trained model (in your task 7's groups) beside that of the dense ViT of
+# matched compute (MLP 192), trained on the same batches (the whole check takes one to two minutes on two cores). Grading
+# runs your step on a tiny model and compares every step's loss with the library's. Float rounding differs between
+# your operations and the library's, and training amplifies it: over the first 100 steps the curves must agree to
+# 1e-3; later they drift further apart, which is not a bug. 300 steps of 64 are an eighth of chapter 3's images
+# (1,200 steps of 128): the models have left chance (0.1) but are far from done, and one seed of each is no
+# comparison -- the accuracies say where your run is, not which model is better.
 
 # %% nbgrader={"grade": false, "grade_id": "step_answer", "locked": false, "schema_version": 3, "solution": true, "task": false}
 def train_step(params, opt_state, images, labels, settings):
@@ -471,8 +472,8 @@ if LIBRARY:
         return nnx.merge(graphdef, state, rest), np.array(losses)
 
     digits = ClutteredDigits()
-    stream = train_batches(digits, 16, seed=0)
-    batches = [{"image": b["image"], "label": b["label"]} for b, _ in zip(stream, range(100))]
+    stream = train_batches(digits, 64, seed=0)
+    batches = [{"image": b["image"], "label": b["label"]} for b, _ in zip(stream, range(300))]
     config = get_preset("vmoe", "digits-tiny-moe").replace(allocation="bpr", noise_std=0.0)
     theirs, params, settings = library_vmoe(config=config, randomise=False)
     step, opt_state, losses = jax.jit(lambda p, s, x, y: train_step(p, s, x, y, settings)), OPTIMIZER.init(params), []
@@ -481,14 +482,15 @@ if LIBRARY:
         losses.append(float(loss))
     theirs, their_losses = library_run(theirs, batches)
     dense, _ = library_run(ViT(get_preset("vit", "digits-tiny").replace(mlp_dim=192), rngs=nnx.Rngs(0)), batches)
-    gap = np.abs(np.array(losses) - their_losses).max()
-    assert gap < 1e-3, f"your loss curve leaves the library's: {gap:.3g} apart"
+    gaps = np.abs(np.array(losses) - their_losses)
+    assert gaps[:100].max() < 1e-3, f"your loss curve leaves the library's: {gaps[:100].max():.3g} apart"
     test = digits.get("test", evaluation_groups(digits.get("test", np.arange(1050))["label"], 8, 0).ravel())
     mine = float(np.mean(np.argmax(jax.jit(lambda p, x: vmoe_forward(p, x, settings)[0])(params, test["image"]), -1)
                          == test["label"]))
     dense_accuracy = float(np.mean(np.argmax(dense(jnp.asarray(test["image"])).logits, -1) == test["label"]))
-    print(f"ok: 100 steps beside the library's V-MoE, loss {losses[0]:.3f} -> {losses[-1]:.3f}, the two curves at most "
-          f"{gap:.2g} apart; test accuracy: your V-MoE {mine:.3f}, the dense ViT {dense_accuracy:.3f}")
+    print(f"ok: 300 steps beside the library's V-MoE, loss {losses[0]:.3f} -> {losses[-1]:.3f}, the two curves at most "
+          f"{gaps[:100].max():.2g} apart over the first 100 steps and {gaps.max():.2g} over all; test accuracy: your "
+          f"V-MoE {mine:.3f}, the dense ViT {dense_accuracy:.3f}")
 else:
     print("the library is not installed here: grading trains your step beside the library's")
 ### BEGIN HIDDEN TESTS

@@ -16,7 +16,7 @@ from moe_course.cli import main
 from moe_course.course.instructor.build import source_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "03_vmoe_bpr"  # the learner's V-MoE: the filled notebook trains it beside the library's (100 small steps)
+NAME = "03_vmoe_bpr"  # the learner's V-MoE: the filled notebook trains it beside the library's (300 steps of 64)
 BLOCKER = '''import importlib.abc, sys
 class _Blocked(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):

@@ -125,6 +125,11 @@ def _add_run_args(train: argparse.ArgumentParser, datasets) -> None:
                             "GPU/TPU/CPU that trains, no extra install) or workers (kornia in the input workers, one "
                             "CPU core each; needs PyTorch and the augment extra)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--set", action="append", dest="settings", default=None, metavar="SECTION.FIELD=VALUE",
+                       help="any field of the model config (model.num_experts=32, model.group_size=16) or the train "
+                            "config (train.weight_decay=0.1, train.randaugment=2,10, train.mu_dtype=bfloat16); "
+                            "repeat for several; checked as the config checks it, before anything is built "
+                            "(moe_course.configs.overrides). Not with an option that sets the same field")
     _add_routing_args(train, "train with other settings than the preset's")
     _add_scale_args(train)
     tune = train.add_argument_group(
@@ -357,10 +362,32 @@ def _preset_config(args):
     shape = {k: v for k, v in dict(image_size=args.image_size, patch_size=args.patch_size).items() if v is not None}
     recipe = recipe_for(model_config)
     data_recipe = data_recipe_for(model_config)
-    model_config = model_config.replace(**shape)
-    model_config = model_config.replace(**_routing_overrides(args, _model_kind(model_config)))
-    model_config = model_config.replace(**_mod_overrides(args, model_config))
+    flags = {**shape, **_routing_overrides(args, _model_kind(model_config)), **_mod_overrides(args, model_config)}
+    settings = _settings(args, "model", type(model_config), flags)
+    model_config = model_config.replace(**flags, **settings)
     return model_config, recipe, data_recipe
+
+
+def _settings(args, section: str, config_type: type, flags: dict) -> dict:
+    """The typed ``--set section.*`` changes for ``config_type``; ValueError naming the field when an option
+    (``flags``: the changes the other options make) sets it as well."""
+    from moe_course.configs.overrides import parse_settings, typed_changes
+
+    changes = typed_changes(config_type, parse_settings(args.settings)[section], section)
+    both = sorted(set(changes) & set(flags))
+    if both:
+        raise ValueError(f"--set {section}.{both[0]} and --{both[0].replace('_', '-')} both set {both[0]}; give one")
+    return changes
+
+
+def _refuse_model_settings(args, flag: str) -> None:
+    """ValueError when ``--set model.*`` is given to a run whose architecture comes from a checkpoint."""
+    from moe_course.configs.overrides import parse_settings
+
+    given = parse_settings(args.settings)["model"]
+    if given:
+        raise ValueError(f"--set model.{next(iter(given))} does not apply with {flag}: the model is the checkpoint's "
+                         f"(its routing: --allocation, --k, --capacity-ratio, --priority; train.* settings apply)")
 
 
 def _workdir(args, model_config) -> Path:
@@ -437,8 +464,11 @@ _TRAIN_OVERRIDES = ("steps", "batch_size", "learning_rate", "warmup_steps", "che
 
 
 def _train_overrides(args) -> dict:
-    """The TrainConfig fields given on the command line (--steps, --batch-size, ...)."""
-    return {k: getattr(args, k) for k in _TRAIN_OVERRIDES if getattr(args, k) is not None}
+    """The TrainConfig fields given on the command line (--steps, --batch-size, ..., --set train.*)."""
+    from moe_course.train.config import TrainConfig
+
+    flags = {k: getattr(args, k) for k in _TRAIN_OVERRIDES if getattr(args, k) is not None}
+    return {**flags, **_settings(args, "train", TrainConfig, flags)}
 
 
 def _randaugment_placement(args, name: str, data_recipe: dict, randaugment) -> tuple:
@@ -497,6 +527,7 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
     from moe_course.train import report_devices
     from moe_course.train.precision import describe_precision, resolve_dtype
 
+    _refuse_model_settings(args, "--init-checkpoint")
     if args.init_format is None:
         raise ValueError(f"--init-checkpoint needs --init-format ({' or '.join(REFERENCE_FORMATS)})")
     if args.init_format not in REFERENCE_FORMATS:
@@ -568,6 +599,7 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
                         ("--init-model-config", args.init_model_config), ("--init-group-size", args.init_group_size)):
         if value is not None:
             raise ValueError(f"{flag} does not apply with --upcycle-from")
+    _refuse_model_settings(args, "--upcycle-from")
     fmt = dense_format(args.upcycle_from, args.init_format)
     preset = None if args.preset is None else get_preset("vmoe", args.preset)
     try:

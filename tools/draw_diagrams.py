@@ -393,8 +393,7 @@ def draw_08(ax):
         arrow(ax, (x + 3.45, y0), (x + 3.45, y1))
     arrow(ax, (mlp[0] + 1.1, mlp[1]), (x + 0.25, 3.8), "copy the trained MLP\ninto every expert", color="#b07020",
           size=8.5, offset=(0.0, 0.15))
-    label(ax, x + 3.45, 0.35, "At step 0 it computes the dense function only for tokens whose served gates sum to "
-          "one;\ncontinued training teaches the router to split the tokens.", size=8.5)
+    label(ax, x + 3.45, 0.35, "Continued training teaches the router to split the tokens.", size=8.5)
 
 
 DIAGRAMS = {"01_vit": draw_01, "02_moe_layer": draw_02, "03_vmoe_bpr": draw_03, "04_limoe": draw_04, "05_soft_moe": draw_05,

@@ -119,11 +119,10 @@ assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to th
 #
 # **A task bound by parameters.** `digit-glyphs` draws the same canvases but asks *which* of the 800 training glyphs
 # is on them (80 writers' versions of each digit; validation and test redraw those glyphs with new sizes, positions
-# and clutter). Telling one writer's 7 from another's is stored knowledge; whether a small dense model can keep 800
-# glyphs apart is the question. The `glyphs-tiny` presets compare, on the same backbone, the dense ViT with a V-MoE of
-# 16 experts in blocks 1 and 3 and k = 1 -- one expert per token, so both do the same MLP work per token. Each trains
-# for 8,000 steps, about ten minutes per model: too long for this notebook, so we read recorded runs, eight seeds
-# each.
+# and clutter). Telling one writer's 7 from another's is stored knowledge: can a small dense model keep 800 glyphs
+# apart? The `glyphs-tiny` presets compare, on the same backbone, the dense ViT with a V-MoE of 16 experts in
+# blocks 1 and 3 and k = 1 -- one expert per token, so both do the same MLP work per token. Each trains for 8,000
+# steps, about ten minutes per model: too long for this notebook, so we read recorded runs, eight seeds each.
 #
 # <details><summary>Full scale: the recipe, and the commands that recorded it</summary>
 #

@@ -26,7 +26,7 @@
 # 1. arrays: `jax.numpy` is NumPy, with arrays that never change in place;
 # 2. random numbers: keys instead of `torch.manual_seed`, and `nnx.Rngs` that hands keys to layers;
 # 3. modules: `nnx.Module` instead of `torch.nn.Module`, and parameters read with `param[...]`;
-# 4. `jax.jit` instead of `torch.compile`: what runs once per shape and what runs every call, static arguments,
+# 4. `jax.jit` instead of `torch.compile`: what runs once and what runs every call, static arguments,
 #    and `nnx.jit` for functions of modules;
 # 5. `jax.grad` and `nnx.value_and_grad` instead of `.backward()`;
 # 6. an optax step instead of `torch.optim`, and a small fit whose learning rate you move with a slider.
@@ -213,14 +213,12 @@ print("parameters:", n_params)
 assert n_params == (4 * 8 + 8) + (8 * 4 + 4)
 
 # %% [markdown]
-# ## 4. `jax.jit`: trace once per shape, then run compiled
+# ## 4. `jax.jit`: trace, then run compiled
 #
 # `jax.jit(f)` is the counterpart of `torch.compile(f)`: the first call traces `f` -- runs its Python once with
 # placeholder arrays that have a shape and a dtype but no values -- and hands the recorded operations to the
-# XLA compiler; later calls with the same shapes and dtypes run the compiled code without touching the Python.
-# So Python side effects, like a `print`, happen only while tracing. (`torch.compile` guards on shapes much the
-# same way, but where it cannot trace it breaks the graph and runs that part as Python; `jax.jit` raises an
-# error instead.)
+# XLA compiler. (Where `torch.compile` cannot trace, it breaks the graph and runs that part as Python; `jax.jit`
+# raises an error instead.)
 
 # %% [markdown]
 # **Predict, then run.** The function below prints a line each time its Python body runs. The cell calls the
@@ -244,12 +242,14 @@ print("results:", [float(r) for r in results])
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
-# Two "tracing" lines, not three: one for shape `(3,)` and one for `(5,)`. The second call had new *values*
-# but the same shape and dtype, so it reused the compiled code and the `print` never ran -- yet its result is
-# right, because the values flow through the compiled code. Changing a shape means tracing and compiling
-# again, which is why the course's training loops keep every batch the same shape. And since the Python body
-# runs only while tracing, a Python `if` on an array's *value* cannot work inside `jit` (at trace time there is
-# no value); the course's routing code uses `jnp.where` and sorting instead.
+# Two "tracing" lines, not three: one for shape `(3,)` and one for `(5,)`. The second call had new *values* but
+# the same shape and dtype, so it reused the compiled code and the `print` never ran -- yet its result is right,
+# because the values flow through the compiled code. Later calls with the same shapes and dtypes run the compiled
+# code without touching the Python, so Python side effects, like a `print`, happen only while tracing
+# (`torch.compile` guards on shapes much the same way). Changing a shape means tracing and compiling again, which
+# is why the course's training loops keep every batch the same shape. And since the Python body runs only while
+# tracing, a Python `if` on an array's *value* cannot work inside `jit` (at trace time there is no value); the
+# course's routing code uses `jnp.where` and sorting instead.
 #
 # </details>
 
@@ -262,18 +262,13 @@ assert traced_shapes == [(3,), (5,)]
 # `jax.lax.top_k(v, k)` returns `k` values, so the shape of its output -- which XLA must know to compile --
 # depends on `k`'s value.
 # Such an argument is marked *static*: `jax.jit(f, static_argnames="k")` (or `static_argnums=...`) hands the
-# Python body the plain value and makes it part of the key under which the compiled code is kept, so a new
-# value means a new trace and a new compilation, as a new shape does. Chapter 2 compiles a router's gradient
-# this way, with `k` and the order static. A static argument must be hashable (an int, a string, a tuple) and
-# should take few values: a learning rate made static would compile anew for every rate, which is why `fit` in
-# section 6 takes its learning rate as an ordinary, traced argument.
+# Python body the plain value. Chapter 2 compiles a router's gradient this way, with `k` and the order static.
 #
-# **`nnx.jit`.** `jax.jit` is made for functions of arrays; a model is an object that holds arrays. `nnx.jit`
-# is `jax.jit` for functions of NNX modules: it splits each module argument into its structure (the
-# `graphdef`, static: part of the key) and its arrays (traced), runs the function on a model put back together
-# from them, and writes what the function changed in a module -- parameters, a counter, a random stream -- back
-# into the module you passed. Chapters 4-7 compile a model's forward pass this way:
-# `nnx.jit(lambda model, images: model(images))`.
+# **`nnx.jit`.** `jax.jit` is made for functions of arrays; a model is an object that holds arrays. `nnx.jit` is
+# `jax.jit` for functions of NNX modules: it splits each module argument into its structure (the `graphdef`) and
+# its arrays, runs the function on a model put back together from them, and writes what the function changed in a
+# module -- parameters, a counter, a random stream -- back into the module you passed. Chapters 4-7 compile a
+# model's forward pass this way: `nnx.jit(lambda model, images: model(images))`.
 
 # %% [markdown]
 # **Predict, then run.** The function below returns, for each input, the `k` largest outputs of an MLP, and
@@ -313,6 +308,13 @@ print("output shapes:", first_call.shape, after_bias.shape, two_largest.shape, w
 # model's structure and shapes (hidden width 16). So parameters and inputs are data, while `k` and the model's
 # structure are part of the program. Had `k` not been static, the first call would already fail: `top_k` would
 # get a placeholder where it needs a number.
+#
+# The rule behind it: `jit` keeps the compiled code under a key made of the static values and the shapes and
+# dtypes of the traced arguments, so a new static value means a new trace and a new compilation, as a new shape
+# does; `nnx.jit` makes a module's `graphdef` static (part of the key) and its arrays traced. A static argument
+# must be hashable (an int, a string, a tuple) and should take few values: a learning rate made static would
+# compile anew for every rate, which is why `fit` in section 6 takes its learning rate as an ordinary, traced
+# argument.
 #
 # </details>
 
@@ -460,19 +462,19 @@ assert curves[0.6][-1] > curves[0.6][0]  # too large: the loss grows
 #
 # <details><summary>Answer</summary>
 #
-# Each SGD step moves the parameters by `learning_rate x gradient`. On this quadratic loss the gradient grows
-# with the distance from the best line, so a small rate crawls towards it and a larger one gets there in fewer
-# steps. But past a threshold (2 divided by the loss's steepest curvature) a step overshoots the minimum by
-# more than it started from, the next step overshoots further the other way, and the loss grows geometrically:
-# the straight rising line on the log scale. Real training has the same cliff, which is why the course's
-# recipes warm the learning rate up instead of starting at its peak.
+# Each SGD step moves the parameters by `learning_rate x gradient`. On this quadratic loss the gradient grows with
+# the distance from the best line, so a small rate crawls towards it and a larger one gets there in fewer steps.
+# But past a threshold a step overshoots the minimum by more than it started from, the next step overshoots
+# further the other way, and the loss grows geometrically: the straight rising line on the log scale. Real
+# training has the same cliff, which is why the course's recipes warm the learning rate up instead of starting at
+# its peak.
 #
 # </details>
 
 # %% [markdown]
 # **Explore.** Move the slider: it sets the learning rate of the same jitted fit (logarithmic, 0.001 to 1) and
 # redraws the loss curve and the fitted line. Find the largest learning rate at which the loss still goes down,
-# and look at what the fitted line does just above it. Does moving the slider compile anything new?
+# and look at what the fitted line does just above it.
 #
 # <details><summary>What to look for</summary>
 #
@@ -520,9 +522,9 @@ slider.observe(lambda change: figure_handle.update(fit_figure(change["new"])), n
 # <details><summary>Answer</summary>
 #
 # With four times the steps the small learning rates (around 0.01-0.03) end much closer to the line: they were
-# slow, not wrong. The threshold above which the loss grows does not move: it depends on the loss's curvature,
-# not on how many steps you take -- more steps only make the blow-up larger (large enough to overflow float32,
-# and the figure then says so). Re-running the cell makes a new `fit`, compiled once for the new length.
+# slow, not wrong. The threshold above which the loss grows does not move: it is 2 divided by the loss's steepest
+# curvature, whatever the number of steps -- more steps only make the blow-up larger (large enough to overflow
+# float32, and the figure then says so). Re-running the cell makes a new `fit`, compiled once for the new length.
 #
 # </details>
 

@@ -28,7 +28,7 @@
 # piece, check each piece against the library `moe_course`, and then train it on real data on a laptop CPU.
 #
 # What you will see, each claim measured in this notebook:
-# 1. the dataset: real handwritten digits on cluttered canvases, where a linear model fails;
+# 1. the dataset: real handwritten digits on cluttered canvases, and how a linear model does on them;
 # 2. patches: a strided convolution is the same thing as a linear map of flattened patches;
 # 3. attention, written out by hand, equals the library's layer;
 # 4. where a ViT's parameters live, and the paper sizes of V-MoE Table 7 counted without allocating them;

@@ -904,8 +904,9 @@ assert np.array_equal(np.asarray(record.expert_fill).sum(1), served.sum((1, 2)))
 # </details>
 
 # %% [markdown]
-# **Predict, then run.** At `C = 0.1`, with `k = 2`, do vanilla routing and BPR drop the same number of
-# choices? Which of the two serves more gate mass (the sum of the gates of the served choices)?
+# **Predict, then run.** At `C = 0.1`, with `k = 2`, each expert has 3 buffer slots per group of 4 images (64
+# tokens, 128 choices). About what share of the choices is dropped? And which of vanilla routing and BPR serves
+# more gate mass (the sum of the gates of the served choices), now that each token makes two choices?
 
 # %%
 ratios = (2.0, 1.05, 0.75, 0.5, 0.25, 0.1)
@@ -929,7 +930,8 @@ layer.allocation, layer.capacity_ratio = "vanilla", 1.05
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
-# The same number, at every `C`: an expert serves `min(demand, B_e)` choices whatever order it visits them
+# At `C = 0.1` at most `E x B_e = 4 x 3 = 12` of a group's 128 choices find a slot, so nearly all are dropped --
+# and the same number for both, at every `C`: an expert serves `min(demand, B_e)` choices whatever order it visits them
 # in, and the demand (which experts the tokens chose) does not depend on the allocation. The order decides
 # *which* choices are served: BPR visits the most confident tokens first, so at `C = 0.1`, where each expert
 # takes only a handful of the 128 choices of its group, it keeps the larger gates and serves more gate mass.

@@ -113,15 +113,14 @@ assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to th
 # test accuracy (test losses 0.132 and 0.125, one recorded run each, docs/results.md). The paper finds that experts
 # speed up learning at every scale; whatever lead they give early here (not measured in this course), the dense model
 # has caught up by the end of the schedule. The task has 1,040 training glyphs and ten classes. The paper's lasting
-# gains come from JFT-300M, hundreds of millions of images a dense model of the same cost cannot absorb -- "MoEs are
-# especially useful when you are parameter-bounded, not data-bounded", as the V-MoE authors put it.
+# gains come from JFT-300M, hundreds of millions of images a dense model of the same cost cannot absorb.
 #
 # </details>
 #
 # **A task bound by parameters.** `digit-glyphs` draws the same canvases but asks *which* of the 800 training glyphs
 # is on them (80 writers' versions of each digit; validation and test redraw those glyphs with new sizes, positions
-# and clutter). Telling one writer's 7 from another's is stored knowledge: more glyphs than a small dense model can
-# keep apart. The `glyphs-tiny` presets compare, on the same backbone, the dense ViT with a V-MoE of 16 experts in
+# and clutter). Telling one writer's 7 from another's is stored knowledge: can a small dense model keep 800 glyphs
+# apart? The `glyphs-tiny` presets compare, on the same backbone, the dense ViT with a V-MoE of 16 experts in
 # blocks 1 and 3 and k = 1 -- one expert per token, so both do the same MLP work per token. Each trains for 8,000
 # steps, about ten minutes per model: too long for this notebook, so we read recorded runs, eight seeds each.
 #
@@ -178,7 +177,8 @@ print(f"V-MoE minus dense over {len(seeds)} seeds: {moe_lead}")
 # 300 million labelled images. *Steps*: 8,000 of 128 images (about a million canvases), against several epochs of
 # JFT-300M. *Model size*: a 4-block ViT of width 64 (191k parameters; the V-MoE 691k), against ViT-S/32 to ViT-H/14
 # (656M parameters) and V-MoEs up to 15B (Table 1). We had to pick a task where the experts' parameters matter at
-# all: on the 10-class digits they do not.
+# all: on the 10-class digits they do not. "MoEs are especially useful when you are parameter-bounded, not
+# data-bounded", as the V-MoE authors put it.
 #
 # What was swept (`python benchmarks/glyphs_table.py --summary`; one seed per row unless said): the number of classes
 # -- with 300 glyphs both models reach 99% and tie (6,000 steps: dense 0.996, V-MoE 0.992), with all 1,720 the V-MoE
@@ -254,13 +254,12 @@ assert moe_test["accuracy"] >= 0.75, moe_test  # most of what its recipe teaches
 # ## 2. When buffers are too small: vanilla routing versus BPR
 #
 # Each expert holds `B_e = round(k N P C / E)` tokens per group. With C < 1 some tokens must be dropped.
-# *Vanilla* routing (App. C, Algorithm 1) fills the buffers in token order -- the patches of the first images
-# in a group get in, the last ones are dropped whatever they contain. *Batch Prioritized Routing*
-# (Algorithm 2) first sorts all tokens of the group by a priority score, the router's largest gate
-# `max_e g(x)_e`, and fills the buffers in that order, so the tokens the router is most sure about go first.
-# Routing is not a weight of the model: we change it on the trained V-MoE and evaluate again
-# (`temporary_routing(model, ...)` changes every MoE layer for one `with` block and restores the trained
-# settings afterwards; `with_routing` changes them for good).
+# *Vanilla* routing (App. C, Algorithm 1) fills the buffers in token order, the patches of the first images in
+# a group first. *Batch Prioritized Routing* (Algorithm 2) first sorts all tokens of the group by a priority
+# score, the router's largest gate `max_e g(x)_e`, and fills the buffers in that order, so the tokens the
+# router is most sure about go first. Routing is not a weight of the model: we change it on the trained V-MoE
+# and evaluate again (`temporary_routing(model, ...)` changes every MoE layer for one `with` block and
+# restores the trained settings afterwards; `with_routing` changes them for good).
 #
 # One detail matters here: our test split is stored sorted by class, so consecutive images would form
 # routing groups of a single class, all wanting the same experts. `evaluate` therefore walks every split in
@@ -351,13 +350,16 @@ show_dropped_patches(examples["image"], kept, moe_config.patch_size, titles=exam
 
 # %% [markdown]
 # **Change one thing.** In the cell above, replace `"bpr"` by `"vanilla"` and run it again. Before you do: at
-# C = 0.25, which of the eight images will lose the most patches under vanilla routing -- and does that
-# depend on what the images show? Put `"bpr"` back afterwards (the cells below do not depend on it).
+# C = 0.25 each of the 8 experts has 8 slots per group, 64 for the group's 128 patches (16 an image). At most how
+# many of the eight images can keep all their patches under vanilla routing, and will that many do so here?
+# Put `"bpr"` back afterwards (the cells below do not depend on it).
 #
 # <details><summary>Answer</summary>
 #
-# The eight images form one routing group, laid out image after image, and vanilla routing fills the buffers
-# in that order: the first images keep almost all their patches and the last ones lose most of theirs,
+# At most four, and only if those images' 64 first choices fell exactly 8 on every expert: nothing makes a router
+# split them that evenly. The eight images form one routing group, laid out image after image, and vanilla routing
+# fills the buffers in that order, every token's first choice before any second: a popular expert is full after
+# the first images, so the first images keep almost all their patches and the last ones lose most of theirs,
 # whatever their content -- chapter 2's picture, now with a trained router. BPR's drops follow the router's
 # confidence instead, and fall mostly on the background.
 #

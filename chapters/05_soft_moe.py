@@ -161,14 +161,13 @@ print("D:\n", D_same.round(3), "\nslot inputs D^T X:\n", (D_same.T @ X_same).rou
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
-# Every entry of D is 1/4: a softmax over four equal scores is uniform, so each slot takes a quarter of each token,
-# and the average of four copies of a vector is the vector itself -- both slots hold token 0, unchanged. The four
-# rows of C are equal too (equal scores give equal rows), so every token reads back the same mix of the two
-# expert outputs: identical tokens get identical outputs. The layer routes by content only: a token's position
-# reaches D and C only through what the position embedding added to the token earlier in the model. The same
-# thing happens, more mildly, when the tokens are merely similar to each slot's `phi`: the scores are then
-# nearly equal, every slot is a near-uniform average of the image, and
-# the experts all see nearly the same input -- section 5 finds the trained slots in that state.
+# Every entry of D is 1/4: a softmax over four equal scores is uniform, so each slot takes a quarter of each
+# token, and the average of four copies of a vector is the vector itself -- both slots hold token 0, unchanged.
+# The four rows of C are equal too (equal scores give equal rows), so every token reads back the same mix of the
+# two expert outputs: identical tokens get identical outputs. The layer routes by content only: a token's position
+# reaches D and C only through what the position embedding added to the token earlier in the model. The same thing
+# happens, more mildly, when the tokens are merely similar to each slot's `phi`: the scores are then nearly equal,
+# every slot is a near-uniform average of the image, and the experts all see nearly the same input.
 #
 # </details>
 
@@ -248,9 +247,9 @@ assert np.allclose(soft_reach, 1, atol=1e-5) and float(out.routing.dispatch_weig
 assert dropped["Tokens Choice"] > 0 and dropped["Experts Choice"] > 0
 
 # %% [markdown]
-# **Does an image's output depend on the batch?** Tokens Choice routes groups of images together (here 8, as
-# in chapter 3). For each of the 8 images of a group we keep that image in its place, replace the other seven
-# with different test images, and see whether its logits change, on the two fresh models from above.
+# **Does an image's output depend on the batch?** Both fresh models from above get the 8 images as one batch;
+# Tokens Choice's routing groups are 8 images, as in chapter 3. For each of the 8 images we keep that image in
+# its place, replace the other seven with different test images, and see whether its logits change.
 
 # %% [markdown]
 # **Predict, then run.** Of the 8 images, how many change their logits when their seven partners change -- under
@@ -408,10 +407,8 @@ at_twice = {name: long_runs[kinds[name], 0]["test_accuracy"] for name in configs
 #   paper's models run from S/32 to H/14, with hundreds of tokens per image (197 for S/16) and experts in the
 #   second half of the blocks.
 #
-# One reason is measurable in section 5: a slot's logits are a cosine similarity times a learned scale that
-# starts at 1, so every slot starts as a near-uniform average of the image's 16 tokens, every expert sees nearly
-# the same mixture, and every token reads back nearly the same answer -- the experts cannot specialise on glyphs
-# until the scale has grown.
+# One reason the paper's ordering does not show here is measurable in section 5 (the answer of its slot-map task
+# gives it).
 #
 # **What was swept** (`benchmarks/README.md`, "Where experts pay", has every run): seeds (eight for dense and
 # Tokens Choice, three for the others); twice the steps (above); Soft MoE in the second half of the blocks, where
@@ -642,7 +639,10 @@ print("largest patch share per slot (mean over images), %:", (100 * np.sort(spre
 # trained S/16 concentrated on a few patches. A slot that picked out the digit would be deep red on the digit's
 # patches and blue elsewhere. The reason is the learned scale, printed by the next cell: it has moved little from
 # its starting value 1, and scores that are cosines (between -1 and 1) times about 1 differ little from patch to
-# patch, so a softmax over 16 patches stays close to uniform.
+# patch, so a softmax over 16 patches stays close to uniform. That is also one reason Soft MoE does not pull
+# ahead on digit-glyphs (section 3): every slot starts as a near-uniform average of the image's 16 tokens, every
+# expert sees nearly the same mixture, and every token reads back nearly the same answer -- the experts cannot
+# specialise on glyphs until the scale has grown.
 # Still, the slots follow the content: a slot's reddest patch moves from image to image (the cell below checks
 # it), because the scores compare each token with `phi`, not a position.
 #

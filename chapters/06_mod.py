@@ -518,8 +518,8 @@ show_dropped_patches(shown["image"], rows, dense_config.patch_size, boxes=shown[
 
 # %% [markdown]
 # **Explain the plot.** In which rows do the kept (untinted) patches sit on the digit, inside the green box, and
-# in which do they spread over the clutter and the empty canvas? Why would a standard router, fine-tuned for the
-# same 80 steps, keep background patches?
+# in which do they spread over the clutter and the empty canvas? What does a standard router, fine-tuned for the
+# same 80 steps, keep, and why?
 #
 # <details><summary>What the picture shows</summary>
 #
@@ -753,9 +753,8 @@ figure_handle = display(kept_figure(slider.value), display_id=True)
 slider.observe(lambda change: figure_handle.update(kept_figure(round(change["new"], 2))), names="value")
 
 # %% [markdown]
-# **Explore.** With the slider at C = 0.5, which patches does A-MoD skip: the digit's, the clutter's, the empty
-# canvas? Move C down step by step to 0.1: which patches survive longest, and is it the same in block 1 and
-# block 3? Then move it to 1.0: what does the figure show, and what accuracy would this model have?
+# **Explore.** Move C down step by step from 0.5 to 0.1: which patches survive longest, and is it the same in
+# block 1 and block 3? Then move it to 1.0: what does the figure show?
 #
 # <details><summary>What to look for</summary>
 #

@@ -226,11 +226,10 @@ assert (source >= 0).sum() == np.asarray(allocation.served).sum()  # one slot pe
 # </details>
 
 # %% [markdown]
-# **Step 2: the all-to-all along the expert axis.** Device (data r, expert j) receives from every device (r, i)
-# of its row -- itself included -- the buffers for *its* experts j*E/n ... (j+1)*E/n - 1, stacked by source.
-# `send_to_experts` runs the library's exchange (`parallel.exchange`: one `jax.lax.all_to_all` over the expert
-# axis) on the simulated devices, for any array laid out `(devices, E, ...)`: we move the tokens with it, and for
-# the picture the labels of where each slot's token came from.
+# **Step 2: the all-to-all along the expert axis.** `send_to_experts` runs the library's exchange
+# (`parallel.exchange`: one `jax.lax.all_to_all` over the expert axis) on the simulated devices, for any array
+# laid out `(devices, E, ...)`: we move the tokens with it, and for the picture the labels of where each slot's
+# token came from.
 
 # %% [markdown]
 # **Predict, then run.** Device 0 sends its buffers, shape `(E, B, D)`. What shape does each device hold after the
@@ -246,12 +245,12 @@ def on_the_devices(per_device, step):
 
 
 def send_to_experts(per_device):
-    """(G, E, ...) -> (G, n, E/n, ...): device (r, j) gets from each device (r, i) the block of its own experts."""
+    """The all-to-all over the expert axis, on every device's (E, ...) array."""
     return on_the_devices(per_device, lambda local: parallel.exchange(local[None]))  # local (E, ...): one group
 
 
 def on_the_grid(inbox_source):
-    """(G, n, E/n, B) source labels -> (G, E, n*B) for show_all_to_all: ABSENT where the expert lives elsewhere."""
+    """Step 2's source labels laid out for show_all_to_all: ABSENT where the expert lives elsewhere."""
     grid = np.full((G, E, n_expert * B), ABSENT)
     for d in range(G):
         j = d % n_expert
@@ -259,22 +258,25 @@ def on_the_grid(inbox_source):
     return grid
 
 
-inbox = send_to_experts(buffers)  # (G, sources, E/n, B, D)
-inbox_source = send_to_experts(source)  # (G, sources, E/n, B): the device each received token comes from
+inbox = send_to_experts(buffers)
+inbox_source = send_to_experts(source)  # the device each received token comes from
 print("a device sends", buffers[0].shape, "-> receives", inbox[0].shape, "(sources, its experts, B, D)")
-show_all_to_all({"step 2, after the all-to-all: n x B slots for each expert, on the device where it lives":
+show_all_to_all({"step 2, after the all-to-all: the slots of each expert, on the device where it lives":
                  on_the_grid(inbox_source)}, home=home, device_names=device_names)
 plt.show()
 
 # %% [markdown]
 # <details><summary>What the output shows</summary>
 #
-# Each device now holds `(n, E/n, B, D)`: n = 4 sources (the devices of its data row, itself among them) times its
-# E/n = 2 experts times B slots -- exactly as many numbers as it sent, `n * E/n * B = E * B`. An all-to-all is a
-# transpose of blocks between devices: each device keeps one of its n blocks and swaps the others. In the
-# picture, each row is filled only in its two outlined cells, and each of those holds the colours of four
-# devices: those of its own data row. The other row's tokens never arrive -- every data row holds all experts,
-# so the exchange stays within a row, which is why the expert axis, not the whole mesh, sets the traffic.
+# Device (data r, expert j) receives from every device (r, i) of its row -- itself included -- the buffers for
+# *its* experts j*E/n ... (j+1)*E/n - 1, stacked by source: `send_to_experts` maps `(G, E, ...)` to
+# `(G, n, E/n, ...)`. Each device now holds `(n, E/n, B, D)`: n = 4 sources (the devices of its data row, itself
+# among them) times its E/n = 2 experts times B slots -- exactly as many numbers as it sent,
+# `n * E/n * B = E * B`. An all-to-all is a transpose of blocks between devices: each device keeps one of its n
+# blocks and swaps the others. In the picture, each row is filled only in its two outlined cells, and each of
+# those holds the colours of four devices: those of its own data row. The other row's tokens never arrive -- every
+# data row holds all experts, so the exchange stays within a row, which is why the expert axis, not the whole
+# mesh, sets the traffic.
 #
 # </details>
 
@@ -396,8 +398,8 @@ for (i, j), count in np.ndenumerate(sent):
 axes[0].set(xlabel="destination device (expert column)", ylabel="source device", xticks=range(4), yticks=range(4),
             title="served choices sent, data row 0")
 axes[1].bar(range(n_expert), sent.sum(1) - np.diag(sent), color="C1", label="served choices leaving the device")
-padded = (n_expert - 1) * per * B
-axes[1].axhline(padded, color="grey", label=f"padded slots sent: (n-1)*E/n*B = {padded}")
+padded = int((~home[0]).sum()) * B  # every slot of the experts that live on other devices
+axes[1].axhline(padded, color="grey", label="padded slots sent")
 axes[1].set(xlabel="source device", ylabel="tokens (each D numbers)", title="what crosses the interconnect",
             xticks=range(n_expert))
 axes[1].legend(fontsize=7)
@@ -412,8 +414,8 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 #
 # <details><summary>What the plot shows</summary>
 #
-# The grey line: an all-to-all over capacity-padded buffers sends `(n - 1) * E/n * B` slots from every device,
-# whatever their fill, so every device waits for the same transfer. The bars are the useful part of it, and
+# The grey line: an all-to-all over capacity-padded buffers sends every device's padded buffers whole, whatever
+# their fill, so every device waits for the same transfer. The bars are the useful part of it, and
 # they differ because each group's router prefers different experts. A device whose choices all stayed home
 # (only the diagonal of the left panel filled) would still send its padded buffers: on this path locality
 # saves nothing. Sending only the filled slots needs an exchange of varying sizes, `ragged_all_to_all`, which
@@ -424,11 +426,44 @@ assert sent.sum() == np.asarray(allocation.served[:4]).sum()  # every served cho
 # %% [markdown]
 # ## 4. Bytes per device per MoE layer
 #
-# A device cuts its `(g, E, B, D)` buffers into n blocks, one for each device of its row, itself included, and the
-# forward pass has two exchanges (there and back), 4 bytes per float32 number.
+# A device cuts its `(g, E, B, D)` buffers into n blocks, and the forward pass has two exchanges (there and back),
+# 4 bytes per float32 number.
 # `parallel.all_to_all_bytes(g, E, B, D, n)` counts the bytes a device sends (exercise 7 hands you a count with a
 # bug to find); below we check it against the program XLA compiled: every `all-to-all` instruction, its shape, and
 # the part of it that leaves the device.
+
+# %% [markdown]
+# **Predict, then run.** First a number, on the mesh of this chapter: g = 1 group per device, E = 8, D = 64, n = 4
+# and B as printed in step 1. How many bytes does one device send per MoE layer? Write it down before you run the
+# next cell, which reads the answer from the program XLA compiled.
+
+# %%
+moe = model.blocks[1].mlp
+sharded_groups = parallel.put(groups, parallel.batch_sharding(mesh, 3))
+layer_fn = jax.jit(lambda g: parallel.apply_experts_parallel(g, allocation, moe.experts, mesh))
+hlo = layer_fn.lower(sharded_groups).compile().as_text()
+exchanges = [m.group(1) for m in re.finditer(r"= (\(?[^=]*?\)?) all-to-all(?:-start)?\(", hlo)]
+# each instruction's result: a tuple of n pieces, piece j for expert column j (the device's own piece stays)
+sizes = [sum(int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"f32\[([\d,]*)\]", shape))
+         for shape in exchanges]
+measured = int(sum(sizes) * 4 * (n_expert - 1) / n_expert)
+formula = parallel.all_to_all_bytes(G // 8, E, B, D, n_expert)
+print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent per device: {measured} bytes; "
+      f"formula: {formula} bytes")
+
+# %% [markdown]
+# <details><summary>What the output shows</summary>
+#
+# Three quarters of g * E * D = 1 * 8 * 64 numbers per buffer slot, twice, 4 bytes each: 3,072 bytes per slot B.
+# The printed formula and the compiled program agree exactly, because the program's all-to-all instructions have
+# fixed shapes -- `(g, E, B, D)` cut into n pieces -- that do not depend on which slots the router filled. The
+# program has two of them per layer (there and back), each the size of the device's whole buffers, of which
+# three of the four pieces leave the device.
+#
+# </details>
+
+# %%
+assert measured == formula  # the claim: the formula counts exactly what the compiled program sends
 
 # %% [markdown]
 # **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 1, 2 or 4
@@ -456,39 +491,6 @@ for n, sent_bytes in by_mesh.items():
 # %%
 # the claim: nothing is sent at n = 1; more as n grows, never all of a device's buffers
 assert by_mesh[1] == 0 and by_mesh[2] < by_mesh[4] < 2 * E * B * D * 4
-
-# %% [markdown]
-# **Predict, then run.** Now a number, on the mesh of this chapter: g = 1 group per device, E = 8, D = 64, n = 4 and
-# B as printed in step 1. How many bytes does one device send per MoE layer? Write it down before you run the next
-# cell, which reads the answer from the program XLA compiled.
-
-# %%
-moe = model.blocks[1].mlp
-sharded_groups = parallel.put(groups, parallel.batch_sharding(mesh, 3))
-layer_fn = jax.jit(lambda g: parallel.apply_experts_parallel(g, allocation, moe.experts, mesh))
-hlo = layer_fn.lower(sharded_groups).compile().as_text()
-exchanges = [m.group(1) for m in re.finditer(r"= (\(?[^=]*?\)?) all-to-all(?:-start)?\(", hlo)]
-# each instruction's result: a tuple of n pieces, piece j for expert column j (the device's own piece stays)
-sizes = [sum(int(np.prod([int(d) for d in dims.split(",") if d])) for dims in re.findall(r"f32\[([\d,]*)\]", shape))
-         for shape in exchanges]
-measured = int(sum(sizes) * 4 * (n_expert - 1) / n_expert)
-formula = parallel.all_to_all_bytes(G // 8, E, B, D, n_expert)
-print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent per device: {measured} bytes; "
-      f"formula: {formula} bytes")
-
-# %% [markdown]
-# <details><summary>What the output shows</summary>
-#
-# Three quarters of g * E * D = 1 * 8 * 64 numbers per buffer slot, twice, 4 bytes each: 3,072 bytes per slot B.
-# The printed formula and the compiled program agree exactly, because the program's all-to-all instructions have
-# fixed shapes -- `(g, E, B, D)` cut into n pieces -- that do not depend on which slots the router filled. The
-# program has two of them per layer (there and back), each the size of the device's whole buffers, of which
-# (n - 1)/n leaves the device.
-#
-# </details>
-
-# %%
-assert measured == formula  # the claim: the formula counts exactly what the compiled program sends
 
 # %% [markdown]
 # **Change one thing.** In the cell of section 1 that loads `config`, write

@@ -183,7 +183,7 @@ dense_logits = np.asarray(dense(images, deterministic=True).logits)
 step0, kept = {}, {}
 for name, model in upcycled.items():
     logits, records = collect_routing(model, images)
-    record = records[0]  # block 1; a token's MLP output is scaled by the sum of its served gates
+    record = records[0]  # block 1
     kept[name] = (np.asarray(record.gates) * np.asarray(record.served)).sum(-1).ravel()
     step0[name] = dict(gap=float(np.abs(logits - dense_logits).max()),
                        accuracy=float((logits.argmax(-1) == test_labels[:256]).mean()), scale=float(kept[name].mean()))
@@ -302,8 +302,8 @@ for block, record in zip(probe.config.moe_blocks(), probe_records):
 
 # %% [markdown]
 # **Change one thing.** Section 2 drew every router from `seed=SEED`. Upcycle the three models again with another
-# router seed (`upcycle(dense, config, seed=SEED + 1)`) and rerun that section's measuring cell: which of its
-# printed numbers move, and which cannot?
+# router seed (`upcycle(dense, config, seed=SEED + 1)`) and rerun that section's measuring cell: by how much do
+# the softmax-first and Experts Choice models' logit gaps and accuracies move with the router seed?
 #
 # <details><summary>Answer</summary>
 #

@@ -328,10 +328,10 @@ def draw_05(ax):
     grid(10.25, 2.8, "combine C", "softmax along each\nrow: over slots", "row")
     arrow(ax, (9.95, 4.05), (10.2, 4.05))
     label(ax, 11.75, 4.05, "Y = C Y~\n(m, D): each\ntoken reads\nall slots", size=8, ha="left")
-    label(ax, 6.5, 1.35, "Same logits X Phi (inputs and Phi L2-normalised, times a learned scale) for both weights. "
-          "Every step is differentiable,\nno token is dropped, and an image's output depends only on its own "
-          "tokens (one routing group per image).\nCompare Tokens Choice (each token picks k experts) and Experts "
-          "Choice (each expert picks its top tokens).", size=8.5)
+    label(ax, 6.5, 1.35, "Same logits X Phi (inputs and Phi L2-normalised, times a learned scale) for both weights.\n"
+          "Every step is differentiable, and no token is dropped.\n"
+          "Compare Tokens Choice (each token picks k experts) and Experts Choice (each expert picks its top tokens).",
+          size=8.5)
 
 
 def draw_06(ax):
@@ -393,8 +393,7 @@ def draw_08(ax):
         arrow(ax, (x + 3.45, y0), (x + 3.45, y1))
     arrow(ax, (mlp[0] + 1.1, mlp[1]), (x + 0.25, 3.8), "copy the trained MLP\ninto every expert", color="#b07020",
           size=8.5, offset=(0.0, 0.15))
-    label(ax, x + 3.45, 0.35, "At step 0 it computes the dense function only for tokens whose served gates sum to "
-          "one;\ncontinued training teaches the router to split the tokens.", size=8.5)
+    label(ax, x + 3.45, 0.35, "Continued training teaches the router to split the tokens.", size=8.5)
 
 
 DIAGRAMS = {"01_vit": draw_01, "02_moe_layer": draw_02, "03_vmoe_bpr": draw_03, "04_limoe": draw_04, "05_soft_moe": draw_05,

@@ -904,9 +904,8 @@ assert np.array_equal(np.asarray(record.expert_fill).sum(1), served.sum((1, 2)))
 # </details>
 
 # %% [markdown]
-# **Predict, then run.** At `C = 0.1`, with `k = 2`, each expert has 3 buffer slots per group of 4 images (64
-# tokens, 128 choices). About what share of the choices is dropped? And which of vanilla routing and BPR serves
-# more gate mass (the sum of the gates of the served choices), now that each token makes two choices?
+# **Predict, then run.** At `C = 0.1`, with `k = 2`: about what share of a group's choices is dropped? And which
+# of vanilla routing and BPR serves more gate mass (the sum of the gates of the served choices), now that each token makes two choices?
 
 # %%
 ratios = (2.0, 1.05, 0.75, 0.5, 0.25, 0.1)

@@ -117,7 +117,7 @@ assert 1.0 <= flops["V-MoE"] / flops["dense"] <= 1.06, flops  # matched up to th
 #
 # </details>
 #
-# **A task bound by parameters.** `digit-glyphs` draws the same canvases but asks *which* of the 800 training glyphs
+# **An 800-class task.** `digit-glyphs` draws the same canvases but asks *which* of the 800 training glyphs
 # is on them (80 writers' versions of each digit; validation and test redraw those glyphs with new sizes, positions
 # and clutter). Telling one writer's 7 from another's is stored knowledge: can a small dense model keep 800 glyphs
 # apart? The `glyphs-tiny` presets compare, on the same backbone, the dense ViT with a V-MoE of 16 experts in
@@ -356,8 +356,8 @@ show_dropped_patches(examples["image"], kept, moe_config.patch_size, titles=exam
 #
 # <details><summary>Answer</summary>
 #
-# At most four, and only if those images' 64 first choices fell exactly 8 on every expert: nothing makes a router
-# split them that evenly. The eight images form one routing group, laid out image after image, and vanilla routing
+# At most four, and only if the 64 slots go one each to 64 different patches of those four images: nothing makes a
+# router spread its choices that evenly. The eight images form one routing group, laid out image after image, and vanilla routing
 # fills the buffers in that order, every token's first choice before any second: a popular expert is full after
 # the first images, so the first images keep almost all their patches and the last ones lose most of theirs,
 # whatever their content -- chapter 2's picture, now with a trained router. BPR's drops follow the router's

@@ -646,8 +646,7 @@ assert all(n >= 3 for n in text_experts) and all(1 / 8 + 0.1 < c < 0.9 for c in 
 # ## 4. The threshold as a soft minimum (Figs. 9-10)
 #
 # What does a threshold tau ask for, in experts? Take a modality whose tokens spread their weight evenly over S of the
-# 8 experts: its marginal distribution has entropy exactly log S. Find out below what the thresholded global loss does
-# with it.
+# 8 experts, and find out below what the thresholded global loss does with it.
 
 # %% [markdown]
 # **Explore.** The slider sets tau; the bars show the global loss for a modality spread evenly over S experts. At tau
@@ -664,7 +663,7 @@ assert all(n >= 3 for n in text_experts) and all(1 / 8 + 0.1 < c < 0.9 for c in 
 #
 # <details><summary>What to look for</summary>
 #
-# The loss is `max(0, tau - H)` with H = log S: positive while S < e^tau, zero from `S = e^tau` on, so at tau = log 4
+# The loss is `max(0, tau - H)`, and a modality spread evenly over S experts has entropy H = log S: positive while S < e^tau, zero from `S = e^tau` on, so at tau = log 4
 # from S = 4 (the dotted line): tau = log S asks for "at least about S experts". It pushes towards more experts until
 # there are enough, then lets go.
 # At tau = log 8 only a modality spread evenly over all 8 experts pays nothing: the global loss then wants the

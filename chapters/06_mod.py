@@ -754,7 +754,7 @@ slider.observe(lambda change: figure_handle.update(kept_figure(round(change["new
 
 # %% [markdown]
 # **Explore.** Move C down step by step from 0.5 to 0.1: which patches survive longest, and is it the same in
-# block 1 and block 3? Then move it to 1.0: what does the figure show?
+# block 1 and block 3?
 #
 # <details><summary>What to look for</summary>
 #

@@ -260,7 +260,7 @@ def on_the_grid(inbox_source):
 
 inbox = send_to_experts(buffers)
 inbox_source = send_to_experts(source)  # the device each received token comes from
-print("a device sends", buffers[0].shape, "-> receives", inbox[0].shape, "(sources, its experts, B, D)")
+print("a device sends", buffers[0].shape, "-> receives", inbox[0].shape)
 show_all_to_all({"step 2, after the all-to-all: the slots of each expert, on the device where it lives":
                  on_the_grid(inbox_source)}, home=home, device_names=device_names)
 plt.show()
@@ -466,9 +466,8 @@ print(f"{len(exchanges)} all-to-all instructions of {sizes} numbers each; sent p
 assert measured == formula  # the claim: the formula counts exactly what the compiled program sends
 
 # %% [markdown]
-# **Predict, then run.** Keep the batch and the layer, and change only the mesh's expert axis: n = 1, 2 or 4
-# devices per row, still one routing group per device. Does a device send more or fewer bytes as n grows, is there
-# a limit, and what does it stop sending at all when n = 1?
+# The same count as the mesh's expert axis changes, the batch and the layer kept: n = 1, 2 or 4 devices per row,
+# still one routing group per device.
 
 # %%
 by_mesh = {n: parallel.all_to_all_bytes(1, E, B, D, n) for n in (1, 2, 4)}
@@ -477,16 +476,12 @@ for n, sent_bytes in by_mesh.items():
           f"({sent_bytes / (2 * E * B * D * 4):.3f} of its buffers, both ways)")
 
 # %% [markdown]
-# <details><summary>What the output shows</summary>
-#
 # More, but never more than the device's whole buffers: a device keeps the block for its own experts, 1/n of
 # its buffers, and sends the other (n - 1)/n -- half at n = 2, three quarters at n = 4.
 # At n = 1 every expert lives on every device and nothing is sent: plain data parallelism. So spreading the
 # experts thinner saves memory (section 5) and costs traffic, but the traffic per device is bounded: it
 # approaches `2 * g * E * B * D * 4` bytes -- all of its buffers, there and back -- however many devices share
 # the experts.
-#
-# </details>
 
 # %%
 # the claim: nothing is sent at n = 1; more as n grows, never all of a device's buffers

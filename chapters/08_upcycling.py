@@ -195,7 +195,7 @@ for ax, (name, scale) in zip(axes, kept.items()):
     ax.hist(scale, bins=np.linspace(0, 1.05, 22), color="C0")
     ax.set(title=name, xlabel="sum of a token's served gates")
 axes[0].set_ylabel(f"tokens (of {kept[name].size})")
-fig.suptitle("Block 1 at step 0: the share of the dense MLP's output each token keeps", fontsize=10)
+fig.suptitle("Block 1 at step 0: the sum of each token's served gates", fontsize=10)
 plt.tight_layout()
 plt.show()
 

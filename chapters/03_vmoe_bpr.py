@@ -38,8 +38,8 @@
 # the paper's Section 4: when the buffers are too small for all tokens, *which* tokens should get in?
 #
 # What you will see, each claim measured in this notebook or in the recorded runs it reads:
-# 1. a dense ViT and a V-MoE at matched compute, on the 10-class digits and on a task bound by parameters, not
-#    by data (eight seeds each, recorded);
+# 1. a dense ViT and a V-MoE at matched compute, on the 10-class digits and on an 800-class glyph task (eight
+#    seeds each, recorded);
 # 2. vanilla routing versus Batch Prioritized Routing (BPR) as the capacity ratio C shrinks at inference
 #    (the paper's Fig. 7);
 # 3. which patches BPR drops, drawn on real test images (Fig. 5), and a slider to move C yourself;

@@ -204,18 +204,32 @@ def _add_scale_args(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--process-id", type=int, default=None, help="this process's index, 0..num-processes-1")
 
 
-def _scale_out(args, model_config):
-    """Join jax.distributed if asked (before JAX touches a device) and build the --mesh; None without one."""
+def _scale_out(args, model_config, joined: bool | None = None):
+    """Join jax.distributed if asked (``_join_processes``; ``joined``: already done) and build the --mesh (said in
+    one line); None without one."""
+    import jax
+
+    from moe_course import parallel
+
+    distributed = _join_processes(args) if joined is None else joined
+    if args.mesh is None and not distributed:
+        return None
+    spec = None if args.mesh in (None, "auto") else args.mesh
+    mesh = parallel.make_mesh(spec, num_experts=getattr(model_config, "num_experts", None))
+    print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
+    return mesh
+
+
+def _join_processes(args) -> bool:
+    """Join jax.distributed when --distributed or a process flag asks for it; True when joined. Must run before JAX
+    touches a device -- loading a checkpoint builds arrays, after which jax.distributed.initialize raises."""
     from moe_course import parallel
 
     process_flags = (args.coordinator_address, args.num_processes, args.process_id)
     distributed = args.distributed or any(flag is not None for flag in process_flags)
     if distributed:
         parallel.initialize(*process_flags)
-    if args.mesh is None and not distributed:
-        return None
-    spec = None if args.mesh in (None, "auto") else args.mesh
-    return parallel.make_mesh(spec, num_experts=getattr(model_config, "num_experts", None))
+    return distributed
 
 
 def _model_kind(config) -> str:
@@ -312,7 +326,6 @@ def _test_metrics(model, dataset, split: str, batch_size: int, mesh=None) -> dic
 
 def _train(args) -> dict:
     from moe_course.data import load_dataset
-    import jax
 
     from moe_course.data.pipeline import check_workers, default_workers
     from moe_course.data.randaugment import check_randaugment
@@ -343,8 +356,6 @@ def _train(args) -> dict:
     print(describe_precision(model_config, why))
     init_model = _adapted_model(args.init_from, model_config) if args.init_from else None
     report_devices(model_config)
-    if mesh is not None:
-        print(f"mesh {dict(mesh.shape)} over {jax.device_count()} devices in {jax.process_count()} process(es)")
     return _run_training(args, model_config, dataset, train_config, workdir, init_model, mesh, data_workers)
 
 
@@ -546,6 +557,7 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
     if args.dataset is None:
         raise ValueError("--init-checkpoint needs --dataset (e.g. imagefolder with --data-dir, your own folder)")
     data_recipe = data_recipe_for(None, finetune=True)
+    joined = _join_processes(args)
     try:
         loaded = load_reference(args.init_checkpoint, args.init_format, model_config=args.init_model_config,
                                 image_size=args.image_size, group_size=args.init_group_size)
@@ -571,7 +583,7 @@ def _finetune(args, data_workers: int, randaugment) -> dict:
         model_config = model.config
     print(describe_precision(model_config, why))
     report_devices(model_config)
-    mesh = _scale_out(args, model_config)
+    mesh = _scale_out(args, model_config, joined)
     return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers)
 
 
@@ -602,6 +614,7 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
     _refuse_model_settings(args, "--upcycle-from")
     fmt = dense_format(args.upcycle_from, args.init_format)
     preset = None if args.preset is None else get_preset("vmoe", args.preset)
+    joined = _join_processes(args)
     try:
         dense, dense_opt_state = load_dense_run(args.upcycle_from, fmt,
                                                 image_size=args.image_size or (preset and preset.image_size))
@@ -648,7 +661,7 @@ def _upcycle(args, data_workers: int, randaugment) -> dict:
              "learning-rate schedule from step 0" if carry else "fresh optimizer"))
     print(describe_precision(model_config, why))
     report_devices(model_config)
-    mesh = _scale_out(args, model_config)
+    mesh = _scale_out(args, model_config, joined)
     try:
         return _run_training(args, model_config, dataset, train_config, workdir, model, mesh, data_workers,
                              init_opt_state=opt_state)

@@ -3,7 +3,11 @@ course dense run upcycled into V-MoEs and trained; bad combinations refused befo
 
 from __future__ import annotations
 
+import os
 import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -134,3 +138,23 @@ def test_carrying_the_optimizer_state_is_refused_where_it_cannot_be(dense_run, t
     assert main(["train", "vmoe", "--preset", "digits-tiny-moe", "--no-carry-optimizer-state", "--steps", "1",
                  "--workdir", str(tmp_path / "x"), *FAST]) == 2
     assert "apply with --upcycle-from only" in capsys.readouterr().err
+
+
+def test_two_processes_upcycle_a_course_run(dense_run, tmp_path):
+    """--upcycle-from with --num-processes 2 (one CPU device each, gloo): jax.distributed is joined before the
+    dense run is read (reading it builds arrays, after which initialize raises), and both processes train."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["train", "vmoe", "--preset", "digits-tiny-moe", "--upcycle-from", str(dense_run), "--steps", "2",
+            "--workdir", str(tmp_path / "moe"), "--coordinator-address", f"127.0.0.1:{port}", "--num-processes", "2",
+            *FAST, "--batch-size", "16"]  # a multiple of processes x group_size
+    code = "import sys; from moe_course.cli import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
+    processes = [subprocess.Popen([sys.executable, "-c", code, *argv, "--process-id", str(i)], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    for process, out in zip(processes, outputs):
+        assert process.returncode == 0, out[-3000:]
+        assert "mesh {'expert': 2} over 2 devices in 2 process(es)" in out, out[-3000:]
+        assert _summary(out)["steps"] == "2" and np.isfinite(float(_summary(out)["test_loss"])), out[-3000:]

@@ -95,7 +95,8 @@ def test_the_upcycled_adam_moments_are_the_dense_ones_tiled(train_config):
 def _by_hand_adamw_step(params, grads, adam, lr: float, config: TrainConfig):
     """One optax.adamw step written out (optax defaults b1=0.9, b2=0.999, eps=1e-8; global-norm clipping first;
     decoupled decay lr x wd on the parameters named "...kernel", as big_vision's ``.*/kernel$``): the parameters
-    after it."""
+    after it. The trees are read leaf by leaf in ``params``' layout (on a mesh its Params carry sharding metadata
+    the moments' do not)."""
     b1, b2, eps = 0.9, 0.999, 1e-8
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     scale = jnp.minimum(1.0, config.grad_clip / norm)
@@ -109,14 +110,18 @@ def _by_hand_adamw_step(params, grads, adam, lr: float, config: TrainConfig):
         u = (m / (1 - b1 ** t)) / (jnp.sqrt(v / (1 - b2 ** t)) + eps)
         return p - lr * (u + (config.weight_decay * p if decayed else 0.0))
 
-    return jax.tree_util.tree_map_with_path(step, params, grads, adam.mu, adam.nu)
+    like = lambda tree: jax.tree.unflatten(jax.tree.structure(params), jax.tree.leaves(tree))  # noqa: E731
+    return jax.tree_util.tree_map_with_path(step, params, like(grads), like(adam.mu), like(adam.nu))
 
 
-def test_the_first_update_of_a_carried_run_is_adam_on_the_tiled_state(tmp_path):
+@pytest.mark.parametrize("on_mesh", [False, True], ids=["one device", "mesh"])
+def test_the_first_update_of_a_carried_run_is_adam_on_the_tiled_state(tmp_path, on_mesh):
     """A dense run of 3 steps (its checkpoint read back by ``load_run`` with its optimizer state), upcycled with
     that state; the carried run's first step (``train(..., init_opt_state=...)``) equals Adam written out by hand
     on the tiled moments with Adam's step 4 and the learning rate of the carried schedule step 3, for the
-    gradient of the same batch and key. The same step from fresh moments differs from it, so the state is used."""
+    gradient of the same batch and key. The same step from fresh moments differs from it, so the state is used.
+    On a mesh too, where the run's Params carry sharding metadata the carried state's lack."""
+    from moe_course import parallel
     from moe_course.data import load_dataset
     from moe_course.data.pipeline import TrainBatch
     from moe_course.train.objectives import objective_for
@@ -133,7 +138,9 @@ def test_the_first_update_of_a_carried_run_is_adam_on_the_tiled_state(tmp_path):
     assert int(_part(carried, optax.ScaleByAdamState).count) == 3
 
     start = nnx.state(moe, nnx.Param)
-    result = train(moe_config, dataset, config, init_model=moe, init_opt_state=carried, progress=False, stop_after=1)
+    mesh = parallel.make_mesh(None, num_experts=moe_config.num_experts) if on_mesh else None
+    result = train(moe_config, dataset, config, init_model=moe, init_opt_state=carried, progress=False, stop_after=1,
+                   mesh=mesh)
     after = nnx.state(result.model, nnx.Param)
 
     graphdef, _, rest = nnx.split(moe, nnx.Param, ...)

@@ -201,11 +201,11 @@ def _carried_opt_state(carried, fresh, shardings):
     None). Raises OptimizerStateMismatch naming the first leaf whose tree place, shape or dtype differs."""
     from moe_course.models.upcycling import OptimizerStateMismatch
 
-    carried_leaves, carried_tree = jax.tree_util.tree_flatten_with_path(carried)
+    carried_leaves, _ = jax.tree_util.tree_flatten_with_path(carried)
     fresh_leaves, fresh_tree = jax.tree_util.tree_flatten_with_path(fresh)
     hint = ("carry the state of an optimizer made like this run's (make_optimizer(config): the same optimizer, "
             "grad_clip, weight decay and mu_dtype as the dense run), or start the optimizer afresh")
-    if carried_tree != fresh_tree:
+    if _without_variable_metadata(carried) != _without_variable_metadata(fresh):
         carried_paths = [jax.tree_util.keystr(path) for path, _ in carried_leaves]
         fresh_paths = [jax.tree_util.keystr(path) for path, _ in fresh_leaves]
         first = next((f"{a} where the run's optimizer has {b}" for a, b in zip(carried_paths, fresh_paths) if a != b),
@@ -218,8 +218,16 @@ def _carried_opt_state(carried, fresh, shardings):
             raise OptimizerStateMismatch(
                 f"init_opt_state{jax.tree_util.keystr(path)} is {jnp.result_type(a)}{list(jnp.shape(a))} where this "
                 f"run's optimizer keeps {jnp.result_type(b)}{list(jnp.shape(b))}; {hint}")
-    copied = jax.tree.map(jnp.array, carried)  # the step donates its state: the caller's arrays stay alive
+    # in fresh's tree, whose Params carry this run's metadata (on a mesh, use_mesh adds their sharding); copies,
+    # because the step donates its state and the caller's arrays stay alive
+    copied = jax.tree.unflatten(fresh_tree, [jnp.array(leaf) for _, leaf in carried_leaves])
     return copied if shardings is None else put_tree(copied, shardings)
+
+
+def _without_variable_metadata(tree):
+    """``tree``'s structure with each nnx Variable (a Param and its metadata, e.g. the sharding ``use_mesh``
+    records) taken as a leaf: what an optimizer state's layout is, whatever its parameters' metadata."""
+    return jax.tree_util.tree_structure(tree, is_leaf=lambda node: isinstance(node, nnx.Variable))
 
 
 def _check_finite(losses: list[tuple[int, jax.Array]], params, *, saving: bool, last_saved: int | None,

@@ -43,6 +43,30 @@ BUGS = {
         "update subtracted": ("step_answer", "jax.tree.map(jnp.add, params, update[0])",
                               "jax.tree.map(jnp.subtract, params, update[0])"),
     },
+    "02_moe_layer": {
+        "capacity rounded down": ("capacity_answer", "capacity_ratio / num_experts + 0.5 + 1e-9)",
+                                  "capacity_ratio / num_experts)"),
+        "combine without the gates": ("combine_answer", '"gtk,gtke,gtkb,gebd->gtd", gates,',
+                                      '"gtk,gtke,gtkb,gebd->gtd", jnp.ones_like(gates),'),
+        "load loss without the square": ("load_answer", "/ jnp.mean(load, axis=-1) ** 2)", "/ jnp.mean(load, axis=-1))"),
+    },
+    "04_limoe": {
+        "entropy in log2": ("entropy_answer", "jnp.log(jnp.where(", "jnp.log2(jnp.where("),
+        "global loss over padding": ("global_answer", "jnp.sum(probs * mask[..., None], axis=1)",
+                                     "jnp.sum(probs, axis=1)"),
+        "z loss without the square": ("z_answer", "axis=-1))) ** 2", "axis=-1)))"),
+    },
+    "05_soft_moe": {
+        "phi not normalised": ("logits_answer", 'phi_unit = phi / jnp.sqrt(jnp.sum(jnp.square(phi), axis=0, keepdims=True) + EPS)',
+                               "phi_unit = phi"),
+        "combine over tokens": ("weights_answer", "jax.nn.softmax(logits, axis=2)", "jax.nn.softmax(logits, axis=1)"),
+    },
+    "06_mod": {
+        "capacity rounded down": ("capacity_answer", "max(1, round(capacity * tokens))",
+                                  "max(1, int(capacity * tokens))"),
+        "attention scores over keys": ("scores_answer", "jnp.sum(maps, axis=(1, 2))", "jnp.sum(maps, axis=(1, 3))"),
+        "chosen tokens in score order": ("select_answer", "index = jnp.sort(top, axis=1)", "index = top"),
+    },
 }
 
 

@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,13 @@ def _atomic_write_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+# Orbax numbers its save operations with one process-wide counter (synchronization.OperationIdGenerator) and its
+# background commit waits for signals under the current number: two runs saving at once from threads of one process
+# (train.concurrent.train_side_by_side) can wait for each other's signal until orbax's 300 s timeout (seen in CI:
+# "Timeout waiting for key 'awaitable_signals_contract_3/step_directory_creation'"). One save or restore at a time.
+_ORBAX = threading.RLock()
+
+
 class RunCheckpoints:
     """Save and restore the training state of one run directory."""
 
@@ -70,19 +78,21 @@ class RunCheckpoints:
 
     def save(self, step: int, state: dict[str, Any], history: list[dict]) -> None:
         """Write the checkpoint of ``step`` (state: a pytree of arrays) and block until it is on disk."""
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), history=ocp.args.JsonSave(history)),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        with _ORBAX:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), history=ocp.args.JsonSave(history)),
+                force=True,
+            )
+            self._manager.wait_until_finished()
 
     def restore(self, step: int, like: dict[str, Any]) -> tuple[dict[str, Any], list[dict]]:
         """The state saved at ``step``, with the structure, shapes and dtypes of ``like``, and its history."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = self._manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore())
-        )
+        with _ORBAX:
+            restored = self._manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), history=ocp.args.JsonRestore())
+            )
         return restored.state, list(restored.history)
 
     def restore_newest(self, like: dict[str, Any], *, set_aside_damaged: bool = False

@@ -3,7 +3,7 @@
 A setting names its section (``model``: the preset's ViTConfig / VMoEConfig / ... ; ``train``: TrainConfig), a
 field of that dataclass and a value written as the field's type reads it: ``int`` and ``float`` as numbers,
 ``bool`` as true / false, ``str`` as it stands, ``none`` for an optional field, a tuple as comma-separated items
-(``train.randaugment=2,10``; ``model.moe_blocks=`` would be the empty tuple). The typed changes go through the
+(``train.randaugment=2,10``; for a LIMoE run ``model.text_aux_losses=`` is the empty tuple). The typed changes go through the
 config's own ``replace``, so a value the config does not allow is refused with the config's own message. As
 big_vision's ``--config file.py:arg`` overrides and MaxText's ``key=value`` do, every field is reachable without
 editing Python.
